@@ -1,0 +1,7 @@
+"""python -m tensorless_deploy."""
+
+import sys
+
+from tensorless_deploy.cli import main
+
+sys.exit(main())

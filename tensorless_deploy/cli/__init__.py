@@ -1,0 +1,86 @@
+"""Layer 6: the command line. Parses, calls the layers below, prints; no logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tensorless_deploy import __version__
+from tensorless_deploy.errors import TensorlessError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _common(p: argparse.ArgumentParser, top: bool) -> None:
+    # Shared flags work before or after the command; SUPPRESS keeps a later default from
+    # overwriting what was given earlier.
+    default = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", default=default(False),
+                   help="print JSON for scripts")  # fmt: skip
+    p.add_argument("-v", "--verbose", action="count", default=default(0),
+                   help="say more (repeat for more)")  # fmt: skip
+
+
+def _recipes_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipes", type=Path, metavar="DIR",
+                   help="read recipes from DIR/<org>/<repo>/<card>.toml instead of the built-in catalog")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tensorless-deploy",
+        description="Serve pinned llama-server recipes on GPU hosts and on this machine.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _common(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help_: str, handler: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        _common(p, top=False)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("check", "validate a recipes directory (exit 1 when any recipe is refused)",
+                "catalog_cmds:cmd_check")  # fmt: skip
+    p.add_argument("dir", nargs="?", type=Path, metavar="DIR",
+                   help="recipes directory (default: the built-in catalog)")  # fmt: skip
+
+    p = command("models", "list the recipes: one row per model and card", "catalog_cmds:cmd_models")
+    _recipes_flag(p)
+
+    p = command("info", "show every value of a model's recipes before anything is downloaded",
+                "catalog_cmds:cmd_info")  # fmt: skip
+    p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+    p.add_argument("--card", metavar="ID", help="only this card's recipe")
+    _recipes_flag(p)
+    return parser
+
+
+def _load_handler(spec: str) -> Handler:
+    # Heavy imports (pyinfra, huggingface_hub) live inside command modules, loaded on demand.
+    import importlib
+
+    module, _, func = spec.partition(":")
+    handler: Handler = getattr(importlib.import_module(f"tensorless_deploy.cli.{module}"), func)
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _load_handler(args.handler)(args)
+    except TensorlessError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""check, models, info: the recipe catalog for operators and recipe authors."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from tensorless_deploy.cli.output import emit_json, paint, table
+from tensorless_deploy.recipe import Catalog, Entry, builtin_recipes_dir, load_catalog
+
+MEASURE_ORDER = ("short", "ctx_4k", "ctx_32k", "ctx_65k")
+
+
+def ordered_measurements(values: dict[str, float]) -> list[tuple[str, float]]:
+    """short, ctx_4k, ctx_32k, ctx_65k, then any other keys alphabetically (seed 000)."""
+    known = [(k, values[k]) for k in MEASURE_ORDER if k in values]
+    rest = sorted((k, v) for k, v in values.items() if k not in MEASURE_ORDER)
+    return known + rest
+
+
+def catalog_from(args: argparse.Namespace) -> Catalog:
+    recipes: Path | None = getattr(args, "recipes", None)
+    return load_catalog(recipes)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    root: Path = args.dir if args.dir is not None else builtin_recipes_dir()
+    catalog = load_catalog(root)  # a RecipeError prints every problem and exits 1
+    n_models = len(catalog.models())
+    if args.json:
+        emit_json({"dir": str(root), "valid": True, "recipes": [e.path for e in catalog.entries]})
+    else:
+        print(f"{root}: {len(catalog.entries)} recipes, {n_models} models: all valid")
+    return 0
+
+
+def _model_row(e: Entry) -> dict[str, Any]:
+    r = e.recipe
+    return {
+        "hf_repo": r.model.hf_repo,
+        "name": r.model.name,
+        "title": r.model.title,
+        "card": r.card.id,
+        "state": r.state,
+        "path": e.path,
+    }
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    catalog = catalog_from(args)
+    rows = [_model_row(e) for e in catalog.entries]
+    if args.json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        print(f"no recipes in {catalog.root}")
+        return 0
+    print(
+        table(
+            [
+                [r["hf_repo"], r["name"] or "-", r["card"], r["state"], r["title"] or ""]
+                for r in rows
+            ],
+            ["MODEL", "NAME", "CARD", "STATE", "TITLE"],
+        )
+    )
+    return 0
+
+
+def info_data(e: Entry) -> dict[str, Any]:
+    """Every value of one recipe, as info --json prints it."""
+    r = e.recipe
+    data = r.model_dump(mode="json", by_alias=True)
+    data["receipt"]["decode_tps"] = dict(ordered_measurements(r.receipt.decode_tps))
+    data["receipt"]["prefill_tps"] = dict(ordered_measurements(r.receipt.prefill_tps))
+    return {
+        "path": e.path,
+        "state": r.state,
+        "published": not r.unpublished,
+        "recipe_digest": e.digest,
+        **data,
+    }
+
+
+def _human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{n} bytes ({size:.1f} {unit})"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def info_text(e: Entry) -> str:
+    r = e.recipe
+    head = f"{r.model.hf_repo} on {r.card.id}"
+    if r.model.name:
+        head += f" ({r.model.name})"
+    head += f": {r.state}"
+    if r.unpublished:
+        head += "  " + paint("NOT PUBLISHED", "1;31")
+    card = r.card
+    rows: list[tuple[str, str]] = [
+        ("title", r.model.title or "-"),
+        ("recipe", f"{e.path} ({e.digest})"),
+        ("image", r.engine.image),
+        ("engine", f"{r.engine.release}, {r.engine.arch}"),
+        (
+            "card",
+            f"{card.title or card.id}: compute capability {card.compute_capability}, "
+            f">= {card.min_memory_mib} MiB, driver >= {card.min_driver}",
+        ),
+        ("repo", r.model.hf_repo),
+        ("revision", r.model.revision),
+        ("file", r.model.file),
+        ("sha256", r.model.sha256),
+        ("size", _human_size(r.model.size_bytes)),
+        ("license", r.model.license),
+        ("alias", r.run.alias),
+        ("context", str(r.run.context)),
+        ("threads", f"at most {r.run.threads_max} (-t, -tb, OMP_NUM_THREADS)"),
+        ("args", shlex.join(r.run.args) if r.run.args else "-"),
+        (
+            "env",
+            " ".join(f"{k}={shlex.quote(v)}" for k, v in r.run.env.items()) or "-",
+        ),
+    ]
+    for key, value in ordered_measurements(r.receipt.decode_tps):
+        rows.append((f"decode {key}", f"{value:g} tok/s"))
+    for key, value in ordered_measurements(r.receipt.prefill_tps):
+        rows.append((f"prefill {key}", f"{value:g} tok/s"))
+    if r.receipt.summary:
+        rows.append(("summary", r.receipt.summary))
+    if r.receipt.source:
+        rows.append(("source", r.receipt.source))
+    rows.extend(("note", note) for note in r.receipt.notes)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([head, *(f"  {k.ljust(width)}  {v}" for k, v in rows)])
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    catalog = catalog_from(args)
+    entries = [catalog.card(args.model, args.card)] if args.card else catalog.find(args.model)
+    if args.json:
+        emit_json([info_data(e) for e in entries])
+    else:
+        print("\n\n".join(info_text(e) for e in entries))
+    return 0

@@ -1,0 +1,300 @@
+"""Load a recipes directory: path rules, cross-recipe rules, lookup by repo id or short name."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from tensorless_deploy.errors import RecipeError, UnknownModelError, UsageError
+from tensorless_deploy.recipe.model import Recipe
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 controllers
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One loaded recipe and where it came from (path relative to the catalog root)."""
+
+    path: str
+    recipe: Recipe
+
+    @property
+    def digest(self) -> str:
+        return recipe_digest(self.recipe)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Every recipe of one directory, valid as a whole."""
+
+    root: Path
+    entries: tuple[Entry, ...]
+
+    def models(self) -> dict[str, list[Entry]]:
+        """Entries grouped by repo id (casefolded key), cards sorted."""
+        out: dict[str, list[Entry]] = {}
+        for e in self.entries:
+            out.setdefault(e.recipe.model.hf_repo.casefold(), []).append(e)
+        return out
+
+    def find(self, model: str) -> list[Entry]:
+        """All cards of MODEL (a repo id in any case, or a short name); unknown models raise."""
+        key = model.casefold()
+        hits = [
+            e
+            for e in self.entries
+            if e.recipe.model.hf_repo.casefold() == key or e.recipe.model.name == model
+        ]
+        if not hits:
+            names = sorted(
+                {e.recipe.model.hf_repo for e in self.entries}
+                | {e.recipe.model.name for e in self.entries if e.recipe.model.name}
+            )
+            raise UnknownModelError(model, closest(key, names))
+        return hits
+
+    def card(self, model: str, card_id: str) -> Entry:
+        """MODEL's recipe for one card; an unknown card names the cards there are."""
+        hits = self.find(model)
+        for e in hits:
+            if e.recipe.card.id == card_id:
+                return e
+        have = ", ".join(e.recipe.card.id for e in hits)
+        raise UsageError(
+            f"{hits[0].recipe.model.hf_repo}: no recipe for card {card_id!r} (cards: {have})"
+        )
+
+
+def closest(key: str, names: list[str], n: int = 3) -> list[str]:
+    """The names most like key: a substring hit first, then difflib on the whole id and on the
+    repo part after the slash (people type "qwen3.8-27b", not the org)."""
+
+    def score(name: str) -> float:
+        folded = name.casefold()
+        repo = folded.rsplit("/", 1)[-1]
+        if key in folded:
+            return 1.0 + len(key) / len(folded)
+        return max(
+            difflib.SequenceMatcher(None, key, folded).ratio(),
+            difflib.SequenceMatcher(None, key, repo).ratio(),
+        )
+
+    ranked = sorted(((score(name), name) for name in names), key=lambda t: (-t[0], t[1]))
+    return [name for s, name in ranked[:n] if s >= 0.6]
+
+
+def recipe_digest(recipe: Recipe) -> str:
+    """Canonical content digest: sha256 of sorted-key, compact JSON of the whole recipe."""
+    data = recipe.model_dump(mode="json", by_alias=True)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def builtin_recipes_dir() -> Path:
+    """The catalog shipped in the wheel, or the repository's recipes/ in a source checkout."""
+    here = Path(__file__).resolve().parent.parent
+    shipped = here / "_builtin" / "recipes"
+    return shipped if shipped.is_dir() else here.parent / "recipes"
+
+
+_TOML_TYPES = {
+    str: "a string",
+    int: "an integer",
+    float: "a float",
+    bool: "a boolean",
+    list: "an array",
+    dict: "a table",
+}
+_EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+
+
+def _toml_type(value: Any) -> str:
+    for py, name in _TOML_TYPES.items():
+        if type(value) is py:
+            return name
+    return f"a {type(value).__name__}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (dict, list)):
+        return _toml_type(value)
+    return repr(value)
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out or "(top level)"
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the schema has at the table that holds loc[-1]."""
+    model: type[BaseModel] = Recipe
+    for part in loc[:-1]:
+        if not isinstance(part, str):
+            return []
+        field = next(
+            (f for n, f in model.model_fields.items() if (f.alias or n) == part), None
+        )
+        ann = field.annotation if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _problem(err: Any) -> tuple[str, str]:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "missing":
+        return _dotted(loc), "is required"
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc)
+        return _dotted(loc), "unknown key (the schema has: " + ", ".join(allowed) + ")"
+    if kind == "value_error":
+        return _dotted(loc), str(err["ctx"]["error"])
+    if kind == "literal_error":
+        return _dotted(loc), f"must be {err['ctx']['expected']} ({_show(value)})"
+    if kind in _EXPECTED:
+        return _dotted(loc), f"must be {_EXPECTED[kind]}, not {_toml_type(value)} ({_show(value)})"
+    if kind in ("int_from_float", "int_parsing", "float_parsing"):
+        return _dotted(loc), f"must be {_EXPECTED['int_type']} ({_show(value)})"
+    return _dotted(loc), f"{err['msg']} ({_show(value)})"
+
+
+def parse_recipe(text: str, rel: str) -> tuple[Recipe | None, list[str]]:
+    """Parse one recipe's TOML text; every problem as 'rel: key: message'."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        return None, [f"{rel}: invalid TOML: {exc}"]
+    try:
+        return Recipe.model_validate(data), []
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key, msg = _problem(err)
+            problems.append(f"{rel}: {key}: {msg}")
+        return None, problems
+
+
+def _recipe_files(root: Path) -> Iterator[tuple[str, Path]]:
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if path.suffix == ".toml" and path.is_file():
+            yield rel.as_posix(), path
+
+
+def _path_problems(rel: str, recipe: Recipe) -> list[str]:
+    parts = rel.split("/")
+    if len(parts) != 3:
+        return [f"{rel}: recipe files must sit at <org>/<repo>/<card>.toml"]
+    problems = []
+    repo = f"{parts[0]}/{parts[1]}"
+    if repo != recipe.model.hf_repo:
+        problems.append(
+            f'{rel}: model.hf_repo: must equal the directory "{repo}" '
+            f'("{recipe.model.hf_repo}"); move the file or fix the key'
+        )
+    card = parts[2].removesuffix(".toml")
+    if card != recipe.card.id:
+        problems.append(
+            f'{rel}: card.id: must equal the file name "{card}" ("{recipe.card.id}"); '
+            "rename the file or fix the key"
+        )
+    return problems
+
+
+def _cross_problems(entries: list[Entry]) -> list[str]:
+    problems: list[str] = []
+    spelled: dict[str, Entry] = {}
+    names: dict[str, Entry] = {}
+    for e in entries:
+        m = e.recipe.model
+        key = m.hf_repo.casefold()
+        first = spelled.setdefault(key, e)
+        if first.recipe.model.hf_repo != m.hf_repo:
+            problems.append(
+                f'{e.path}: model.hf_repo: "{m.hf_repo}" differs only in case from '
+                f'"{first.recipe.model.hf_repo}" in {first.path}; use one spelling'
+            )
+    for e in entries:
+        m = e.recipe.model
+        if m.name is None:
+            continue
+        if m.name.casefold() in spelled:
+            problems.append(f'{e.path}: model.name: "{m.name}" equals a repo id; choose another')
+            continue
+        owner = names.setdefault(m.name, e)
+        if owner.recipe.model.hf_repo.casefold() != m.hf_repo.casefold():
+            problems.append(
+                f'{e.path}: model.name: "{m.name}" is already the short name of '
+                f"{owner.recipe.model.hf_repo} ({owner.path}); short names are unique across models"
+            )
+    by_model: dict[str, set[str | None]] = {}
+    for e in entries:
+        by_model.setdefault(e.recipe.model.hf_repo.casefold(), set()).add(e.recipe.model.name)
+    for e in entries:
+        declared = by_model[e.recipe.model.hf_repo.casefold()]
+        if len(declared) > 1:
+            shown = ", ".join(sorted(f'"{n}"' if n else "none" for n in declared))
+            problems.append(
+                f"{e.path}: model.name: the cards of {e.recipe.model.hf_repo} must share one "
+                f"short name (found {shown})"
+            )
+    return problems
+
+
+def load_catalog(root: Path | None = None) -> Catalog:
+    """Load every recipe under root (default: built-in); any invalid recipe fails the load."""
+    root = builtin_recipes_dir() if root is None else root
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such recipes directory", fix="pass an existing DIR")
+    problems: list[str] = []
+    entries: list[Entry] = []
+    for rel, path in _recipe_files(root):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"{rel}: cannot read: {exc}")
+            continue
+        recipe, file_problems = parse_recipe(text, rel)
+        problems.extend(file_problems)
+        if recipe is not None:
+            path_problems = _path_problems(rel, recipe)
+            problems.extend(path_problems)
+            if not path_problems:
+                entries.append(Entry(rel, recipe))
+    problems.extend(_cross_problems(entries))
+    if problems:
+        raise RecipeError(problems)
+    return Catalog(root, tuple(entries))
