@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tensorless_deploy import __version__
-from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.errors import RecipeError, TensorlessError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -25,7 +25,7 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
 
 def _recipes_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipes", type=Path, metavar="DIR",
-                   help="read recipes from DIR/<org>/<repo>/<card>.toml instead of the built-in catalog")  # fmt: skip
+                   help="read DIR/<org>/<repo>/<card>.toml, not the built-in catalog")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _load_handler(args.handler)(args)
+    except RecipeError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        files = len({line.split(": ", 1)[0] for line in exc.problems})
+        print(f"{len(exc.problems)} problem(s) in {files} file(s): no recipe was loaded",
+              file=sys.stderr)  # fmt: skip
+        return exc.exit_code
     except TensorlessError as exc:
         for line in exc.lines():
             print(line, file=sys.stderr)

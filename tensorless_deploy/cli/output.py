@@ -27,9 +27,9 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     """Left-aligned columns, two spaces apart, no trailing spaces."""
     widths = [len(h) for h in header]
     for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
     lines = []
     for row in [header, *rows]:
-        cells = [c.ljust(w) for c, w in zip(row, widths)]
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)

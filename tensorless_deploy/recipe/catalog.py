@@ -54,7 +54,7 @@ class Catalog:
         hits = [
             e
             for e in self.entries
-            if e.recipe.model.hf_repo.casefold() == key or e.recipe.model.name == model
+            if e.recipe.model.hf_repo.casefold() == key or e.recipe.model.name == key
         ]
         if not hits:
             names = sorted(

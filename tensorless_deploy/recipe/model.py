@@ -18,6 +18,14 @@ LAUNCHER_ENV: tuple[str, ...] = (
     "OMP_NUM_THREADS", "LLAMA_ARG_MODEL", "LLAMA_ARG_HOST", "LLAMA_ARG_PORT",
     "LLAMA_ARG_CTX_SIZE", "LLAMA_ARG_ALIAS", "LLAMA_ARG_THREADS", "LLAMA_ARG_THREADS_BATCH",
 )  # fmt: skip
+_SET_FROM = {
+    "-m": "[model] file", "--model": "[model] file",
+    "--host": "the operator's bind address", "--port": "the operator's port",
+    "-c": "[run] context", "--ctx-size": "[run] context",
+    "-a": "[run] alias", "--alias": "[run] alias",
+    "-t": "[run] threads_max", "--threads": "[run] threads_max",
+    "-tb": "[run] threads_max", "--threads-batch": "[run] threads_max",
+}  # fmt: skip
 DECODE_KEYS: tuple[str, ...] = ("short", "ctx_32k", "ctx_65k")
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -31,7 +39,8 @@ COMPUTE_CAP = re.compile(r"[0-9]+\.[0-9]+")
 ARCH = re.compile(r"[a-z0-9_]+")
 MEASURE_KEY = re.compile(r"[a-z0-9_]+")
 # An OCI reference by digest: registry host[:port]/path components, then @sha256:<64 hex>.
-_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?))*(?::[0-9]+)?"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_NAME = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -322,10 +331,11 @@ class RunSection(RecipeModel):
         for arg in v:
             if _CONTROL.search(arg):
                 raise ValueError(f"must not contain newlines or other control characters ({arg!r})")
-            if _flag_name(arg) in LAUNCHER_FLAGS:
+            flag = _flag_name(arg)
+            if flag in LAUNCHER_FLAGS:
                 raise ValueError(
-                    f'must not contain "{_flag_name(arg)}": the launcher sets it (remove it; '
-                    "use [run] context / alias / threads_max instead)"
+                    f'must not contain "{flag}": the launcher sets it from {_SET_FROM[flag]} '
+                    "(remove it)"
                 )
         return v
 
