@@ -1,0 +1,546 @@
+#!/usr/bin/env python3
+"""Regenerate the GPU stand-in profiles under tests/hosts/profiles/ (committed output).
+
+    python tests/hosts/gen_profiles.py [--fixtures DIR] [--check]
+
+The h200 profile replays the real fixture bytes (FIXTURES/h200-driver-580: captured on a real
+H200 host); the other profiles are synthesized in the same formats. With ``--check`` nothing is
+written: the script only verifies that the committed files match what it would write.
+Every profile dir holds ``profile.json`` (what it models) and ``root/`` (files as they land on a
+host). The nvidia-smi / nvidia-ctk scripts themselves live in ``profiles/_standin/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+PROFILES = HERE / "profiles"
+DEFAULT_FIXTURES = Path("/work/shared/fixtures/nvidia-smi")
+STANDIN = "usr/share/nvidia-standin"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+CTK_VERSION = "1.17.8"
+# stand-in commit id (40 hex); the real release's commit is not recorded here
+CTK_COMMIT = "f202b80a9b9d0db00d9b1d73c0128c8962c55f4d"
+TSV_FIELDS = [
+    "index",
+    "uuid",
+    "name",
+    "serial",
+    "compute_cap",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "memory.reserved",
+    "driver_version",
+    "vbios_version",
+    "pci.bus_id",
+    "persistence_mode",
+    "temperature.gpu",
+    "utilization.gpu",
+    "power.draw",
+    "power.limit",
+]
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n\n"
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    uuid: str
+    compute_cap: str
+    mem_total: int
+    bus: str
+    serial: str
+    vbios: str
+    power_limit: int
+    power_draw: int
+    temp: int
+    reserved: int
+
+
+def p100(i: int, uuid: str) -> Gpu:
+    return Gpu(
+        "Tesla P100-PCIE-16GB",
+        uuid,
+        "6.0",
+        16384,
+        f"00000000:00:{4 + i:02X}.0",
+        f"032361800{4812 + i}",
+        "86.00.4D.00.01",
+        250,
+        26 + i,
+        33 + i,
+        0,
+    )
+
+
+def t4(i: int, uuid: str) -> Gpu:
+    return Gpu(
+        "Tesla T4",
+        uuid,
+        "7.5",
+        15360,
+        f"00000000:00:{4 + i:02X}.0",
+        f"132192001{7730 + i}",
+        "90.04.96.00.02",
+        70,
+        9,
+        31,
+        265,
+    )
+
+
+H200_UUID = "GPU-ab6a0263-0ae2-1846-2f4f-455ff8b12167"
+P100_UUIDS = [
+    "GPU-6f1c5d3e-2b7a-4c89-9e41-0d8a3b5c7f12",
+    "GPU-a24e9b71-5c3d-4f6e-8b20-7c1d9e4a6b38",
+]
+T4_UUID = "GPU-c83b2f40-91d7-4e5a-b6c2-3a8e7d1f0954"
+CUDA = {"580": "13.0", "535": "12.2", "515": "11.7"}
+
+
+def tsv(gpus: list[Gpu], driver: str) -> str:
+    rows = ["\t".join(TSV_FIELDS)]
+    for i, g in enumerate(gpus):
+        rows.append(
+            "\t".join(
+                [
+                    str(i),
+                    g.uuid,
+                    g.name,
+                    g.serial,
+                    g.compute_cap,
+                    str(g.mem_total),
+                    "0",
+                    str(g.mem_total - g.reserved),
+                    str(g.reserved),
+                    driver,
+                    g.vbios,
+                    g.bus,
+                    "Off",
+                    str(g.temp),
+                    "0",
+                    f"{g.power_draw:.2f}",
+                    f"{g.power_limit:.2f}",
+                ]
+            )
+        )
+    return "\n".join(rows) + "\n"
+
+
+def list_out(gpus: list[Gpu]) -> str:
+    return "".join(f"GPU {i}: {g.name} (UUID: {g.uuid})\n" for i, g in enumerate(gpus))
+
+
+def version_out(driver: str) -> str:
+    major_minor = ".".join(driver.split(".")[:2])
+    return (
+        f"NVIDIA-SMI version  : {driver}\nNVML version        : {major_minor}\n"
+        f"DRIVER version      : {driver}\nCUDA Version        : {CUDA[driver.split('.')[0]]}\n"
+    )
+
+
+STAMP = "Mon Nov 30 01:05:12 2026       \n"
+
+
+def _plain(
+    gpus: list[Gpu], driver: str, lw: int, name_w: int, banner: str, hdr: tuple[str, str]
+) -> str:
+    """`nvidia-smi` table: lw is the first column's width (41 for R530+, 31 before)."""
+    cuda = CUDA[driver.split(".")[0]]
+    width = lw + 22 + 22 + 4
+    inner = width - 2
+
+    def row(left: str, mid: str, right: str) -> str:
+        return f"|{left}|{mid}|{right}|\n"
+
+    def full(text: str) -> str:
+        return "|" + text.ljust(inner) + "|\n"
+
+    dash = "+" + "-" * inner + "+\n"
+    sep = "+" + "-" * lw + "+" + "-" * 22 + "+" + "-" * 22 + "+\n"
+    out = [
+        STAMP,
+        dash,
+        full(banner.format(driver=driver, cuda=cuda)),
+        "|" + "-" * lw + "+" + "-" * 22 + "+" + "-" * 22 + "+\n",
+        row(hdr[0], " Bus-Id        Disp.A ", " Volatile Uncorr. ECC "),
+        row(hdr[1], "         Memory-Usage ", " GPU-Util  Compute M. "),
+        row(" " * lw, " " * 22, "               MIG M. "),
+        "|" + "=" * lw + "+" + "=" * 22 + "+" + "=" * 22 + "|\n",
+    ]
+    for i, g in enumerate(gpus):
+        name = g.name if len(g.name) <= name_w else g.name[: name_w - 3] + "..."
+        left = f"{i:>4}  {name}"
+        head = f" N/A   {g.temp}C    P0"
+        pwr = f"{g.power_draw}W / {g.power_limit}W"
+        out.append(
+            row(left + "Off".rjust(lw - len(left) - 2) + "  ", f" {g.bus} Off ", f"{'0':>21} ")
+        )
+        out.append(
+            row(
+                head + pwr.rjust(lw - len(head) - 1) + " ",
+                f"{'0MiB / ' + str(g.mem_total) + 'MiB':>21} ",
+                f"{'0%':>8}      Default ",
+            )
+        )
+        out.append(row(" " * lw, " " * 22, f"{'N/A':>21} "))
+        out.append(sep)
+    out += [
+        " " * width + "\n",
+        dash,
+        full(" Processes:"),
+        full("  GPU   GI   CI        PID   Type   Process name".ljust(inner - 11) + "GPU Memory "),
+        full("        ID   ID".ljust(inner - 11) + "Usage      "),
+        "|" + "=" * inner + "|\n",
+        full("  No running processes found"),
+        dash,
+    ]
+    return "".join(out)
+
+
+def plain_535(gpus: list[Gpu], driver: str) -> str:
+    """89-column layout of the R530+ drivers."""
+    return _plain(
+        gpus,
+        driver,
+        41,
+        28,
+        " NVIDIA-SMI {driver}             Driver Version: {driver}   CUDA Version: {cuda}",
+        (" GPU  Name                 Persistence-M ", " Fan  Temp   Perf          Pwr:Usage/Cap "),
+    )
+
+
+def plain_515(gpus: list[Gpu], driver: str) -> str:
+    """79-column layout of the R515 and older drivers."""
+    return _plain(
+        gpus,
+        driver,
+        31,
+        18,
+        " NVIDIA-SMI {driver}   Driver Version: {driver}   CUDA Version: {cuda}",
+        (" GPU  Name        Persistence-M", " Fan  Temp  Perf  Pwr:Usage/Cap"),
+    )
+
+
+def driver_libs(driver: str) -> list[str]:
+    return [
+        f"{LIBDIR}/libcuda.so.{driver}",
+        f"{LIBDIR}/libnvidia-ml.so.{driver}",
+        f"{LIBDIR}/libnvidia-ptxjitcompiler.so.{driver}",
+    ]
+
+
+def cdi_spec(gpus: list[Gpu], driver: str) -> str:
+    """A spec shaped like `nvidia-ctk cdi generate` output (keys in its alphabetical order).
+
+    Device nodes map hostPath /dev/zero so podman can really inject them; library mounts name
+    the driver version (a spec for another driver version is stale).
+    """
+
+    def node(path: str, indent: str) -> str:
+        return f"{indent}- hostPath: /dev/zero\n{indent}  path: {path}\n"
+
+    out = ["---\n", "cdiVersion: 0.5.0\n", "containerEdits:\n", "  deviceNodes:\n"]
+    for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+        out.append(node(p, "  "))
+    out += ["  env:\n", "  - NVIDIA_VISIBLE_DEVICES=void\n", "  mounts:\n"]
+    for lib in driver_libs(driver):
+        out.append(
+            f"  - containerPath: {lib}\n    hostPath: {lib}\n    options:\n"
+            "    - ro\n    - nosuid\n    - nodev\n    - bind\n"
+        )
+    out.append("devices:\n")
+    names: list[tuple[str, list[int]]] = [(f'"{i}"', [i]) for i in range(len(gpus))]
+    names += [(g.uuid, [i]) for i, g in enumerate(gpus)]
+    names.append(("all", list(range(len(gpus)))))
+    for name, idx in names:
+        out.append("- containerEdits:\n    deviceNodes:\n")
+        for i in idx:
+            out.append(node(f"/dev/nvidia{i}", "    "))
+        out.append(f"  name: {name}\n")
+    out.append("kind: nvidia.com/gpu\n")
+    return "".join(out)
+
+
+def ctk_version() -> str:
+    return f"NVIDIA Container Toolkit CLI version {CTK_VERSION}\ncommit: {CTK_COMMIT}\n"
+
+
+def lib_placeholder(lib: str) -> str:
+    return (
+        f"STAND-IN for the NVIDIA driver library {Path(lib).name} (tensorless test host; no GPU)\n"
+    )
+
+
+def build(fixtures: Path) -> dict[str, dict[str, Any]]:
+    """profile name -> {"meta": {...}, "files": {relpath: text}}"""
+    h200_fx = fixtures / "h200-driver-580"
+    h200 = Gpu(
+        "NVIDIA H200",
+        H200_UUID,
+        "9.0",
+        143771,
+        "00000000:00:06.0",
+        "[N/A]",
+        "[N/A]",
+        700,
+        116,
+        36,
+        0,
+    )
+    p = [p100(0, P100_UUIDS[0])]
+    mixed = [p100(0, P100_UUIDS[0]), p100(1, P100_UUIDS[1]), t4(2, T4_UUID)]
+    d535, d515, d580, d_old = "535.183.01", "515.105.01", "580.159.04", "535.104.05"
+
+    def smi(gpus: list[Gpu], driver: str, plain: str) -> dict[str, str]:
+        return {
+            f"{STANDIN}/smi/gpus.tsv": tsv(gpus, driver),
+            f"{STANDIN}/smi/list.out": list_out(gpus),
+            f"{STANDIN}/smi/version.out": version_out(driver),
+            f"{STANDIN}/smi/plain.out": plain,
+        }
+
+    def toolkit(
+        gpus: list[Gpu],
+        driver: str,
+        *,
+        spec_driver: str | None = None,
+        spec_paths: tuple[str, ...] = ("etc/cdi/nvidia.yaml",),
+    ) -> dict[str, str]:
+        files = {
+            f"{STANDIN}/ctk/version.out": ctk_version(),
+            f"{STANDIN}/ctk/cdi-generated.yaml": cdi_spec(gpus, driver),
+        }
+        for sp in spec_paths:
+            files[sp] = cdi_spec(gpus, spec_driver or driver)
+        return files
+
+    def libs(driver: str) -> dict[str, str]:
+        return {lib.lstrip("/"): lib_placeholder(lib) for lib in driver_libs(driver)}
+
+    def meta(
+        desc: str,
+        gpus: list[Gpu],
+        driver: str | None,
+        *,
+        smi_: bool = True,
+        ctk: bool = True,
+        **kw: Any,
+    ) -> dict[str, Any]:
+        return {
+            "description": desc,
+            "nvidia_smi": smi_,
+            "nvidia_ctk": ctk,
+            "driver_version": driver,
+            "ctk_version": CTK_VERSION if ctk else None,
+            "gpus": [
+                {
+                    "index": i,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "compute_cap": g.compute_cap,
+                    "memory_total_mib": g.mem_total,
+                }
+                for i, g in enumerate(gpus)
+            ],
+            **kw,
+        }
+
+    h200_files = {f"{STANDIN}/smi/gpus.tsv": tsv([h200], d580)}
+    for src, dst in (
+        ("list.out", "list.out"),
+        ("version.out", "version.out"),
+        ("plain.out", "plain.out"),
+        ("query.xml", "query.xml"),
+    ):
+        h200_files[f"{STANDIN}/smi/{dst}"] = (h200_fx / src).read_text()
+    h200_files |= toolkit([h200], d580) | libs(d580)
+
+    profiles: dict[str, dict[str, Any]] = {
+        "h200": {
+            "meta": meta(
+                "one NVIDIA H200, driver 580.159.04 (real nvidia-smi bytes)",
+                [h200],
+                d580,
+                cdi_specs=["/etc/cdi/nvidia.yaml"],
+                real_bytes_from="fixtures/nvidia-smi/h200-driver-580",
+            ),
+            "files": h200_files,
+        },
+        "p100": {
+            "meta": meta(
+                "one Tesla P100-PCIE-16GB, driver 535.183.01",
+                p,
+                d535,
+                cdi_specs=["/etc/cdi/nvidia.yaml"],
+            ),
+            "files": smi(p, d535, plain_535(p, d535)) | toolkit(p, d535) | libs(d535),
+        },
+        "mixed": {
+            "meta": meta(
+                "two Tesla P100-PCIE-16GB + one Tesla T4, driver 535.183.01",
+                mixed,
+                d535,
+                cdi_specs=["/etc/cdi/nvidia.yaml"],
+            ),
+            "files": smi(mixed, d535, plain_535(mixed, d535)) | toolkit(mixed, d535) | libs(d535),
+        },
+        "old-driver": {
+            "meta": meta(
+                "one Tesla P100-PCIE-16GB, driver 515.105.01 (< 525.60.13)",
+                p,
+                d515,
+                cdi_specs=["/etc/cdi/nvidia.yaml"],
+            ),
+            "files": smi(p, d515, plain_515(p, d515)) | toolkit(p, d515) | libs(d515),
+        },
+        "no-driver": {
+            "meta": meta(
+                "driver installed but not loaded: nvidia-smi exits 9",
+                p,
+                d535,
+                cdi_specs=["/etc/cdi/nvidia.yaml"],
+                nvidia_smi_exit=9,
+            ),
+            "files": {f"{STANDIN}/smi/fail.out": NO_DRIVER, f"{STANDIN}/smi/fail.rc": "9\n"}
+            | toolkit(p, d535)
+            | libs(d535),
+        },
+        "no-smi": {
+            "meta": meta(
+                "no NVIDIA driver, no nvidia-smi, no toolkit, no CDI spec",
+                [],
+                None,
+                smi_=False,
+                ctk=False,
+                cdi_specs=[],
+            ),
+            "files": {},
+        },
+        "no-toolkit": {
+            "meta": meta(
+                "P100 + driver 535.183.01, no nvidia-ctk, no CDI spec",
+                p,
+                d535,
+                ctk=False,
+                cdi_specs=[],
+            ),
+            "files": smi(p, d535, plain_535(p, d535)) | libs(d535),
+        },
+        "dup-cdi": {
+            "meta": meta(
+                "P100, two CDI specs of kind nvidia.com/gpu",
+                p,
+                d535,
+                cdi_specs=["/etc/cdi/nvidia.yaml", "/var/run/cdi/nvidia.yaml"],
+            ),
+            "files": smi(p, d535, plain_535(p, d535))
+            | toolkit(p, d535, spec_paths=("etc/cdi/nvidia.yaml", "var/run/cdi/nvidia.yaml"))
+            | libs(d535),
+        },
+        "stale-cdi": {
+            "meta": meta(
+                "P100, driver 535.183.01, CDI spec generated for 535.104.05",
+                p,
+                d535,
+                cdi_specs=["/etc/cdi/nvidia.yaml"],
+                cdi_spec_driver=d_old,
+            ),
+            "files": smi(p, d535, plain_535(p, d535))
+            | toolkit(p, d535, spec_driver=d_old)
+            | libs(d535),
+        },
+    }
+    return profiles
+
+
+def write(profiles: dict[str, dict[str, Any]], dest: Path) -> None:
+    for name, prof in profiles.items():
+        pdir = dest / name
+        if pdir.exists():
+            shutil.rmtree(pdir)
+        pdir.mkdir(parents=True)
+        (pdir / "profile.json").write_text(json.dumps(prof["meta"], indent=2) + "\n")
+        for rel, text in prof["files"].items():
+            f = pdir / "root" / rel
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(text)
+
+
+def self_check(fixtures: Path) -> None:
+    """The stand-in nvidia-smi must reproduce the real H200 CSV bytes from the table."""
+    fx = fixtures / "h200-driver-580"
+    env = {"NVIDIA_STANDIN_DIR": str(PROFILES / "h200" / "root" / STANDIN), "PATH": "/usr/bin:/bin"}
+    smi = str(PROFILES / "_standin" / "nvidia-smi")
+    cases = [
+        (
+            [
+                "--query-gpu=index,uuid,name,compute_cap,memory.total,memory.used,driver_version",
+                "--format=csv,noheader,nounits",
+            ],
+            "query-csv.out",
+            0,
+        ),
+        (
+            [
+                "--query-gpu=index,uuid,name,compute_cap,memory.total,memory.used,driver_version,"
+                "pci.bus_id,persistence_mode",
+                "--format=csv",
+            ],
+            None,
+            0,
+        ),
+        (["--query-gpu=index,no_such_field", "--format=csv,noheader"], "query-bad.out", 2),
+        (["-L"], "list.out", 0),
+        (["--version"], "version.out", 0),
+        ([], "plain.out", 0),
+    ]
+    for args, ref, rc in cases:
+        p = subprocess.run([smi, *args], capture_output=True, env=env, check=False)
+        assert p.returncode == rc, (args, p.returncode, p.stdout)
+        if ref is not None:
+            assert p.stdout == (fx / ref).read_bytes(), (args, p.stdout)
+    print("self-check: stand-in nvidia-smi reproduces the H200 fixture bytes")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fixtures", type=Path, default=DEFAULT_FIXTURES)
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    profiles = build(a.fixtures)
+    if a.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            write(profiles, Path(tmp))
+            diff = subprocess.run(
+                ["diff", "-r", "-x", "_standin", tmp, str(PROFILES)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if diff.returncode != 0:
+                print(diff.stdout, file=sys.stderr)
+                return 1
+        print("profiles are up to date")
+    else:
+        write(profiles, PROFILES)
+    if (a.fixtures / "h200-driver-580").is_dir():
+        self_check(a.fixtures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
