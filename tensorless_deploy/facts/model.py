@@ -1,0 +1,359 @@
+"""Typed values of what a GPU host is: the parsers' results, and the HostFacts decisions consume.
+
+Everything here is data. A field that is ``None`` means *not known* (not gathered, or given as
+inventory data that did not say), never "absent": absence has its own explicit state or flag.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, computed_field, field_validator, model_validator
+
+Version = tuple[int, ...]
+
+# Podman versions that gate unit kinds (FIELD.md: quadlet from 4.4, Notify=healthy from 5.0).
+QUADLET_MIN_PODMAN: Version = (4, 4)
+NOTIFY_HEALTHY_MIN_PODMAN: Version = (5, 0)
+CDI_GPU_KIND = "nvidia.com/gpu"
+COMPUTE_CAP = re.compile(r"[0-9]+\.[0-9]+")
+
+
+class FactModel(BaseModel):
+    """Base of every fact value: immutable, unknown keys refused.
+
+    Derived (computed) fields appear in dumps and are dropped on input, so a dumped value
+    reads back as itself (facts cached as JSON, doctor --json fed to plan).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_derived(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.model_computed_fields:
+            return {k: v for k, v in data.items() if k not in cls.model_computed_fields}
+        return data
+
+
+# --- GPUs (nvidia-smi) -------------------------------------------------------------------------
+
+GpuState = Literal["ok", "absent", "no_driver", "driver_mismatch", "no_devices", "failed"]
+
+
+class Gpu(FactModel):
+    """One card as nvidia-smi lists it (or as an inventory says it is)."""
+
+    index: int
+    uuid: str | None  # "GPU-<uuid>"; None only for inventory GPUs given without one
+    name: str
+    compute_cap: str | None  # "6.0"; None when nvidia-smi says [N/A]
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    driver_version: str | None
+
+    @field_validator("compute_cap")
+    @classmethod
+    def _dotted_pair(cls, value: str | None) -> str | None:
+        if value is not None and not COMPUTE_CAP.fullmatch(value):
+            raise ValueError("compute capability must look like 6.0 or 12.0")
+        return value
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def memory_free_mib(self) -> int | None:
+        if self.memory_total_mib is None or self.memory_used_mib is None:
+            return None
+        return self.memory_total_mib - self.memory_used_mib
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def compute_cap_tuple(self) -> tuple[int, int] | None:
+        if self.compute_cap is None:
+            return None
+        major, _, minor = self.compute_cap.partition(".")
+        return int(major), int(minor)
+
+
+class GpuReport(FactModel):
+    """What nvidia-smi said: the GPUs, or which of the distinct ways it failed.
+
+    ``absent``: no nvidia-smi on the host. ``no_driver``: exit 9, the kernel driver is not
+    loaded. ``driver_mismatch``: NVML and kernel module versions differ (reboot pending).
+    ``no_devices``: the driver is up and sees no card. ``failed``: anything else, ``message``
+    carries nvidia-smi's words, ``invalid_field`` the field it refused (compute_cap before 510).
+    """
+
+    state: GpuState
+    gpus: tuple[Gpu, ...] = ()
+    exit_code: int | None = None
+    message: str = ""
+    invalid_field: str | None = None
+    warnings: tuple[str, ...] = ()  # lines nvidia-smi printed beside the CSV rows
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def driver_version(self) -> str | None:
+        for gpu in self.gpus:
+            if gpu.driver_version is not None:
+                return gpu.driver_version
+        return None
+
+
+# --- device nodes ------------------------------------------------------------------------------
+
+
+class DeviceNode(FactModel):
+    """A character device node under /dev (``ls -l`` of /dev/nvidia*)."""
+
+    path: str
+    major: int
+    minor: int
+
+
+class CharLink(FactModel):
+    """A /dev/char/MAJOR:MINOR symlink that points at an NVIDIA node."""
+
+    major: int
+    minor: int
+    target: str
+
+
+class NvidiaDevices(FactModel):
+    """NVIDIA device nodes and their /dev/char links (systemd's daemon-reload needs them)."""
+
+    nodes: tuple[DeviceNode, ...]
+    char_dir_present: bool
+    char_links: tuple[CharLink, ...]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def uvm_present(self) -> bool:
+        return any(node.path == "/dev/nvidia-uvm" for node in self.nodes)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def missing_char_links(self) -> tuple[str, ...]:
+        linked = {(link.major, link.minor) for link in self.char_links}
+        return tuple(n.path for n in self.nodes if (n.major, n.minor) not in linked)
+
+
+# --- container engines and toolkit -------------------------------------------------------------
+
+
+class Podman(FactModel):
+    present: bool
+    version: Version | None = None
+    version_text: str = ""
+    quadlet_path: str | None = None  # the quadlet generator binary, where found
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def quadlet_supported(self) -> bool:
+        """Podman new enough for quadlet *and* its generator installed."""
+        return (
+            self.version is not None
+            and self.version >= QUADLET_MIN_PODMAN
+            and self.quadlet_path is not None
+        )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def notify_healthy_supported(self) -> bool:
+        return self.version is not None and self.version >= NOTIFY_HEALTHY_MIN_PODMAN
+
+
+class Docker(FactModel):
+    present: bool
+    version: Version | None = None
+    version_text: str = ""
+    podman_shim: bool = False  # `docker` is podman-docker's wrapper around podman
+    runtimes: tuple[str, ...] | None = None  # None: daemon not asked or not answering
+    runtimes_error: str = ""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nvidia_runtime(self) -> bool | None:
+        return None if self.runtimes is None else "nvidia" in self.runtimes
+
+
+class ContainerEngines(FactModel):
+    podman: Podman
+    docker: Docker
+
+
+class ContainerToolkit(FactModel):
+    """The NVIDIA Container Toolkit CLI (``nvidia-ctk``)."""
+
+    present: bool
+    version: Version | None = None
+    version_text: str = ""
+    commit: str | None = None
+    message: str = ""  # its output when it ran but did not print a version
+
+
+# --- CDI ---------------------------------------------------------------------------------------
+
+
+class CdiSpec(FactModel):
+    """One CDI spec file: its kind, device names, and the driver it was generated for."""
+
+    path: str
+    kind: str | None = None
+    cdi_version: str | None = None
+    devices: tuple[str, ...] = ()
+    driver_version: str | None = None
+    error: str | None = None  # unreadable or not a CDI spec
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def qualified_devices(self) -> tuple[str, ...]:
+        if self.kind is None:
+            return ()
+        return tuple(f"{self.kind}={name}" for name in self.devices)
+
+
+class CdiReport(FactModel):
+    """The CDI specs on a host judged against its driver and GPUs."""
+
+    specs: tuple[CdiSpec, ...]
+    driver_version: str | None  # the host's current driver, the yardstick for staleness
+    duplicate_kinds: dict[str, tuple[str, ...]]  # kind -> spec paths, only kinds in >1 file
+    conflicting_devices: dict[str, tuple[str, ...]]  # "kind=name" -> paths declaring it twice+
+    stale: tuple[str, ...]  # spec paths generated for another driver version
+    addressable_uuids: tuple[str, ...]  # host GPUs reachable as nvidia.com/gpu=GPU-<uuid>
+    unaddressable_uuids: tuple[str, ...]
+    all_device: bool  # nvidia.com/gpu=all declared
+
+
+# --- the rest ----------------------------------------------------------------------------------
+
+SelinuxMode = Literal["enforcing", "permissive", "disabled", "absent", "unknown"]
+
+
+class Selinux(FactModel):
+    mode: SelinuxMode
+    container_use_devices: bool | None  # None: SELinux off or absent, or the boolean unknown
+    message: str = ""
+
+
+class InitSystem(FactModel):
+    pid1: str | None  # the command name of PID 1
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def systemd(self) -> bool:
+        return self.pid1 == "systemd"
+
+
+class DiskSpace(FactModel):
+    """Free space where models go; a path not created yet is judged by its nearest parent."""
+
+    path: str
+    checked_path: str
+    filesystem: str
+    mount_point: str
+    total_bytes: int
+    available_bytes: int
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def path_exists(self) -> bool:
+        return self.checked_path == self.path
+
+
+ListenerFamily = Literal["ipv4", "ipv6", "any"]
+
+
+class Listener(FactModel):
+    """A listening TCP socket as ``ss -Hltn`` shows it (brackets and %scope removed)."""
+
+    address: str  # "0.0.0.0", "127.0.0.1", "::", "::1", "::ffff:127.0.0.1", "*" (dual stack)
+    port: int
+    interface: str | None = None  # bound to one device (SO_BINDTODEVICE), "%lo" in ss
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def family(self) -> ListenerFamily:
+        if self.address == "*":
+            return "any"
+        return "ipv6" if ":" in self.address else "ipv4"
+
+
+def _normal_address(address: str) -> tuple[ListenerFamily, str]:
+    """Family and canonical text of an address; IPv4-mapped IPv6 counts as IPv4."""
+    if address in ("*", ""):
+        return "any", "*"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return ("ipv6" if ":" in address else "ipv4"), address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return "ipv4", str(ip.ipv4_mapped)
+    return ("ipv6" if ip.version == 6 else "ipv4"), str(ip)
+
+
+def listener_blocks(listener: Listener, port: int, bind_address: str) -> bool:
+    """Whether binding ``bind_address:port`` would fail because of ``listener``.
+
+    ``*`` (dual stack) blocks every address; a wildcard of one family blocks that family; an
+    IPv6-only ``[::]`` does not block IPv4 (ss prints a dual-stack socket as ``*``). Ask with
+    ``bind_address="*"`` for a dual-stack bind, ``"::"`` for IPv6 only. Checked against the
+    kernel's own bind() in tests/test_facts_shell.py.
+    """
+    if listener.port != port:
+        return False
+    lfam, laddr = _normal_address(listener.address)
+    bfam, baddr = _normal_address(bind_address)
+    if lfam == "any" or bfam == "any":
+        return True
+    if lfam != bfam:
+        return False
+    wildcard = "0.0.0.0" if lfam == "ipv4" else "::"
+    return wildcard in (laddr, baddr) or laddr == baddr
+
+
+def blocking_listeners(
+    listeners: Iterable[Listener], port: int, bind_address: str
+) -> tuple[Listener, ...]:
+    """The listeners that would stop a server binding ``bind_address:port``."""
+    return tuple(lst for lst in listeners if listener_blocks(lst, port, bind_address))
+
+
+Source = Literal["host", "inventory"]
+
+
+class HostFacts(FactModel):
+    """Everything decisions need to know about one host, in one value.
+
+    ``source`` says whether it was read from the host over SSH or given as inventory data
+    (offline planning: GPUs only). ``problems`` lists sections whose output could not be read
+    ("section: why"); their fields are ``None``.
+    """
+
+    source: Source
+    gpus: GpuReport
+    devices: NvidiaDevices | None = None
+    engines: ContainerEngines | None = None
+    toolkit: ContainerToolkit | None = None
+    cdi: CdiReport | None = None
+    selinux: Selinux | None = None
+    init: InitSystem | None = None
+    cpus: int | None = None
+    disk: DiskSpace | None = None
+    listeners: tuple[Listener, ...] | None = None
+    problems: tuple[str, ...] = ()
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def driver_version(self) -> str | None:
+        return self.gpus.driver_version
+
+    def port_taken(self, port: int, bind_address: str = "127.0.0.1") -> tuple[Listener, ...] | None:
+        """The listeners that would stop a server binding ``bind_address:port``; None: unknown."""
+        if self.listeners is None:
+            return None
+        return blocking_listeners(self.listeners, port, bind_address)

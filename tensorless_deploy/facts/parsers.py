@@ -1,0 +1,503 @@
+"""Pure parsers of GPU-host command output: text (and exit code) in, typed fact values out.
+
+No I/O here. Each parser either returns a value (the states a host can be in, failures of the
+tool included, are values) or raises FactError when the text cannot be read at all.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+# PyYAML comes with gguf and huggingface_hub (both project dependencies); it ships no stubs.
+import yaml  # type: ignore[import-untyped]
+
+from .errors import FactError
+from .model import (
+    CDI_GPU_KIND,
+    COMPUTE_CAP,
+    CdiReport,
+    CdiSpec,
+    CharLink,
+    ContainerToolkit,
+    DeviceNode,
+    DiskSpace,
+    Docker,
+    Gpu,
+    GpuReport,
+    InitSystem,
+    Listener,
+    NvidiaDevices,
+    Podman,
+    Selinux,
+    SelinuxMode,
+    Version,
+)
+
+# The one GPU query the project runs; its field order is what parse_nvidia_smi reads.
+NVIDIA_SMI_FIELDS: tuple[str, ...] = (
+    "index", "uuid", "name", "compute_cap", "memory.total", "memory.used", "driver_version",
+)  # fmt: skip
+NVIDIA_SMI_QUERY = (
+    f"nvidia-smi --query-gpu={','.join(NVIDIA_SMI_FIELDS)} --format=csv,noheader,nounits"
+)
+
+COMMAND_NOT_FOUND = 127
+NVIDIA_SMI_NO_DRIVER = 9
+
+_NO_DRIVER_TEXT = "couldn't communicate with the nvidia driver"
+_MISMATCH_TEXT = "driver/library version mismatch"
+_NO_DEVICES_TEXT = "no devices were found"
+_INVALID_FIELD = re.compile(r'Field "([^"]*)" is not a valid field to query')
+_UUID = re.compile(r"GPU-[0-9A-Fa-f]+(?:-[0-9A-Fa-f]+)*")
+_DRIVER = re.compile(r"[0-9]+(?:\.[0-9]+)+")
+_INT = re.compile(r"[0-9]+")
+_MIB = re.compile(r"([0-9]+)(?: ?MiB)?")
+_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
+
+
+def _lines(output: str) -> list[str]:
+    return [line.strip() for line in output.splitlines() if line.strip()]
+
+
+def _not_available(value: str) -> bool:
+    """nvidia-smi's placeholders: [N/A], [Not Supported], [Unknown Error], ..."""
+    return value == "N/A" or (value.startswith("[") and value.endswith("]"))
+
+
+# --- nvidia-smi --------------------------------------------------------------------------------
+
+
+def parse_gpu_row(line: str) -> Gpu | None:
+    """One CSV row of NVIDIA_SMI_QUERY, or None when the line is not one."""
+    parts = [part.strip() for part in line.split(",")]
+    if len(parts) < len(NVIDIA_SMI_FIELDS):
+        return None
+    index, uuid = parts[0], parts[1]
+    cap, total, used, driver = parts[-4:]
+    name = ", ".join(parts[2:-4])  # a name with a comma in it would still land here whole
+    if not _INT.fullmatch(index) or not _UUID.fullmatch(uuid) or not name:
+        return None
+    if not (_not_available(cap) or COMPUTE_CAP.fullmatch(cap)):
+        return None
+    if not (_not_available(driver) or _DRIVER.fullmatch(driver)):
+        return None
+    memory: list[int | None] = []
+    for value in (total, used):
+        match = _MIB.fullmatch(value)
+        if match:
+            memory.append(int(match.group(1)))
+        elif _not_available(value):
+            memory.append(None)
+        else:
+            return None
+    return Gpu(
+        index=int(index),
+        uuid=uuid,
+        name=name,
+        compute_cap=None if _not_available(cap) else cap,
+        memory_total_mib=memory[0],
+        memory_used_mib=memory[1],
+        driver_version=None if _not_available(driver) else driver,
+    )
+
+
+def parse_nvidia_smi(output: str, exit_code: int) -> GpuReport:
+    """NVIDIA_SMI_QUERY's output (stderr merged in) and exit code, as one of its states."""
+    text = output.strip()
+    lowered = text.lower()
+    if exit_code == COMMAND_NOT_FOUND:
+        return GpuReport(state="absent", exit_code=exit_code, message=text)
+    if exit_code == NVIDIA_SMI_NO_DRIVER or _NO_DRIVER_TEXT in lowered:
+        return GpuReport(state="no_driver", exit_code=exit_code, message=text)
+    if _MISMATCH_TEXT in lowered:
+        return GpuReport(state="driver_mismatch", exit_code=exit_code, message=text)
+    if _NO_DEVICES_TEXT in lowered:
+        return GpuReport(state="no_devices", exit_code=exit_code, message=text)
+    if exit_code != 0:
+        field = _INVALID_FIELD.search(text)
+        return GpuReport(
+            state="failed",
+            exit_code=exit_code,
+            message=text,
+            invalid_field=field.group(1) if field else None,
+        )
+    gpus: list[Gpu] = []
+    warnings: list[str] = []
+    for line in _lines(output):
+        gpu = parse_gpu_row(line)
+        if gpu is None:
+            warnings.append(line)
+        else:
+            gpus.append(gpu)
+    if not gpus:
+        why = text or "nvidia-smi printed nothing"
+        return GpuReport(state="failed", exit_code=exit_code, message=why)
+    return GpuReport(state="ok", gpus=tuple(gpus), exit_code=exit_code, warnings=tuple(warnings))
+
+
+# --- /dev/nvidia* and /dev/char ----------------------------------------------------------------
+
+# `LC_ALL=C ls -l`: mode, links, owner, group, "MAJOR, MINOR", three date fields, name.
+_LS_CHAR = re.compile(
+    r"c[-rwxsStTl]{9}[.+@]?\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s+\S+\s+\S+\s+\S+\s+(\S.*)"
+)
+_LS_DIR_HEADER = re.compile(r"(/\S*):")
+_CHAR_LINK = re.compile(r"(\d+):(\d+) -> (\S+)")
+
+
+def parse_device_nodes(output: str) -> tuple[DeviceNode, ...]:
+    """Character devices in ``ls -l /dev/nvidia*`` output (directory listings included)."""
+    nodes: list[DeviceNode] = []
+    directory = "/dev"
+    for line in _lines(output):
+        header = _LS_DIR_HEADER.fullmatch(line)
+        if header:
+            directory = header.group(1)
+            continue
+        match = _LS_CHAR.fullmatch(line)
+        if not match:
+            continue
+        name = match.group(3)
+        path = name if name.startswith("/") else posixpath.join(directory, name)
+        nodes.append(DeviceNode(path=path, major=int(match.group(1)), minor=int(match.group(2))))
+    return tuple(nodes)
+
+
+def parse_char_links(output: str, exit_code: int) -> tuple[bool, tuple[CharLink, ...]]:
+    """Whether /dev/char exists (exit 2 says not), and its links to NVIDIA nodes."""
+    if exit_code == 2:
+        return False, ()
+    links: list[CharLink] = []
+    for line in _lines(output):
+        match = _CHAR_LINK.search(line)
+        if not match:
+            continue
+        target = posixpath.normpath(posixpath.join("/dev/char", match.group(3)))
+        if "nvidia" not in target:
+            continue
+        links.append(CharLink(major=int(match.group(1)), minor=int(match.group(2)), target=target))
+    return True, tuple(links)
+
+
+def nvidia_devices(nodes_output: str, char_output: str, char_exit_code: int) -> NvidiaDevices:
+    present, links = parse_char_links(char_output, char_exit_code)
+    return NvidiaDevices(
+        nodes=parse_device_nodes(nodes_output), char_dir_present=present, char_links=links
+    )
+
+
+# --- versions, engines, toolkit ----------------------------------------------------------------
+
+
+def parse_version(text: str) -> Version | None:
+    """The first dotted version in text as a tuple: "5.4.2" -> (5, 4, 2), "28.2.2+dfsg1" too."""
+    match = _VERSION.search(text)
+    if not match:
+        return None
+    return tuple(int(part) for part in match.groups() if part is not None)
+
+
+_PODMAN_VERSION = re.compile(r"podman version (\S+)", re.IGNORECASE)
+_DOCKER_VERSION = re.compile(r"Docker version ([^\s,]+)")
+
+
+def parse_podman_version(output: str, exit_code: int, quadlet_path: str | None = None) -> Podman:
+    """``podman --version``: "podman version 5.4.2"."""
+    if exit_code == COMMAND_NOT_FOUND:
+        return Podman(present=False)
+    match = _PODMAN_VERSION.search(output) if exit_code == 0 else None
+    if not match:
+        return Podman(present=True, version_text=output.strip(), quadlet_path=quadlet_path)
+    return Podman(
+        present=True,
+        version=parse_version(match.group(1)),
+        version_text=match.group(1),
+        quadlet_path=quadlet_path,
+    )
+
+
+def parse_quadlet_path(output: str) -> str | None:
+    """The first quadlet generator path the host listed (the command prints only existing ones)."""
+    for line in _lines(output):
+        if line.startswith("/") and line.endswith("/quadlet"):
+            return line
+    return None
+
+
+def parse_docker_runtimes(output: str, exit_code: int) -> tuple[tuple[str, ...] | None, str]:
+    """``docker info --format '{{json .Runtimes}}'``: runtime names, or None and why not."""
+    if exit_code == COMMAND_NOT_FOUND:
+        return None, ""
+    if exit_code == 0:
+        for line in _lines(output):
+            if not line.startswith("{"):
+                continue  # docker prints WARNING lines beside the JSON
+            try:
+                runtimes = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(runtimes, dict):
+                return tuple(sorted(str(name) for name in runtimes)), ""
+    return None, output.strip() or f"docker info exited {exit_code}"
+
+
+def parse_docker_version(
+    output: str,
+    exit_code: int,
+    runtimes_output: str = "",
+    runtimes_exit_code: int = COMMAND_NOT_FOUND,
+) -> Docker:
+    """``docker --version`` ("Docker version 28.2.2, build e6534b4") and its runtimes."""
+    if exit_code == COMMAND_NOT_FOUND:
+        return Docker(present=False)
+    runtimes, error = parse_docker_runtimes(runtimes_output, runtimes_exit_code)
+    shim = _PODMAN_VERSION.search(output)
+    if shim and exit_code == 0:
+        # podman-docker: `docker` runs podman; there is no docker daemon to have runtimes
+        version = shim.group(1)
+        return Docker(
+            present=True, version=parse_version(version), version_text=version, podman_shim=True
+        )
+    match = _DOCKER_VERSION.search(output) if exit_code == 0 else None
+    if not match:
+        return Docker(
+            present=True, version_text=output.strip(), runtimes=runtimes, runtimes_error=error
+        )
+    return Docker(
+        present=True,
+        version=parse_version(match.group(1)),
+        version_text=match.group(1),
+        runtimes=runtimes,
+        runtimes_error=error,
+    )
+
+
+_CTK_VERSION = re.compile(r"NVIDIA Container Toolkit CLI version (\S+)")
+_CTK_COMMIT = re.compile(r"^commit: ([0-9a-fA-F]+)\s*$", re.MULTILINE)
+
+
+def parse_nvidia_ctk_version(output: str, exit_code: int) -> ContainerToolkit:
+    """``nvidia-ctk --version``: "NVIDIA Container Toolkit CLI version 1.17.8\\ncommit: <sha>"."""
+    if exit_code == COMMAND_NOT_FOUND:
+        return ContainerToolkit(present=False)
+    match = _CTK_VERSION.search(output) if exit_code == 0 else None
+    if not match:
+        return ContainerToolkit(present=True, message=output.strip())
+    commit = _CTK_COMMIT.search(output)
+    return ContainerToolkit(
+        present=True,
+        version=parse_version(match.group(1)),
+        version_text=match.group(1),
+        commit=commit.group(1) if commit else None,
+    )
+
+
+# --- CDI specs ---------------------------------------------------------------------------------
+
+CDI_FILE_MARKER = "@@td file "
+# Driver version from what a generated spec mounts, most telling first: libcuda.so.580.159.04,
+# libnvidia-ml.so.<v>, then the enable-cuda-compat hook's --host-driver-version=<v>. Driver
+# majors have three digits; that keeps WSL's libcuda.so.1.1 from passing for a version.
+_SPEC_DRIVER = (
+    re.compile(r"libcuda\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)"),
+    re.compile(r"libnvidia-ml\.so\.([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)"),
+    re.compile(r"--host-driver-version=([0-9]{3}\.[0-9]+(?:\.[0-9]+)?)"),
+)
+
+
+def _load_spec(path: str, text: str) -> Any:
+    if path.endswith(".json"):
+        return json.loads(text)
+    return yaml.safe_load(text)
+
+
+def parse_cdi_spec(path: str, text: str) -> CdiSpec:
+    """One CDI spec file (YAML or JSON) as written by ``nvidia-ctk cdi generate`` or by hand."""
+    try:
+        doc = _load_spec(path, text)
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        syntax = "JSON" if path.endswith(".json") else "YAML"
+        return CdiSpec(path=path, error=f"not valid {syntax}: {first}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+        snippet = text.strip().splitlines()[0][:200] if text.strip() else "empty file"
+        return CdiSpec(path=path, error=f"not a CDI spec (no kind): {snippet}")
+    devices: list[str] = []
+    raw_devices = doc.get("devices")
+    if isinstance(raw_devices, list):
+        for device in raw_devices:
+            if isinstance(device, dict) and device.get("name") is not None:
+                devices.append(str(device["name"]))
+    driver: str | None = None
+    for pattern in _SPEC_DRIVER:
+        match = pattern.search(text)
+        if match:
+            driver = match.group(1)
+            break
+    version = doc.get("cdiVersion")
+    return CdiSpec(
+        path=path,
+        kind=doc["kind"],
+        cdi_version=None if version is None else str(version),
+        devices=tuple(devices),
+        driver_version=driver,
+    )
+
+
+def parse_cdi_dump(output: str) -> tuple[CdiSpec, ...]:
+    """The spec files the host printed, each after a ``@@td file PATH`` line."""
+    specs: list[CdiSpec] = []
+    path: str | None = None
+    body: list[str] = []
+    for line in [*output.splitlines(), None]:
+        if line is None or line.startswith(CDI_FILE_MARKER):
+            if path is not None:
+                specs.append(parse_cdi_spec(path, "\n".join(body)))
+            if line is not None:
+                path, body = line[len(CDI_FILE_MARKER) :].strip(), []
+            continue
+        if path is not None:
+            body.append(line)
+    return tuple(specs)
+
+
+def _group(pairs: Iterable[tuple[str, str]]) -> dict[str, tuple[str, ...]]:
+    grouped: dict[str, list[str]] = {}
+    for key, path in pairs:
+        paths = grouped.setdefault(key, [])
+        if path not in paths:
+            paths.append(path)
+    return {key: tuple(paths) for key, paths in sorted(grouped.items()) if len(paths) > 1}
+
+
+def analyse_cdi(
+    specs: Sequence[CdiSpec], driver_version: str | None, gpu_uuids: Sequence[str]
+) -> CdiReport:
+    """Duplicates, stale specs, and which GPUs are addressable by UUID."""
+    valid = [spec for spec in specs if spec.error is None and spec.kind is not None]
+    declared = {name for spec in valid for name in spec.qualified_devices}
+    stale: tuple[str, ...] = ()
+    if driver_version is not None:
+        stale = tuple(
+            spec.path
+            for spec in valid
+            if spec.driver_version is not None and spec.driver_version != driver_version
+        )
+    addressable = tuple(uuid for uuid in gpu_uuids if f"{CDI_GPU_KIND}={uuid}" in declared)
+    return CdiReport(
+        specs=tuple(specs),
+        driver_version=driver_version,
+        duplicate_kinds=_group((spec.kind or "", spec.path) for spec in valid),
+        conflicting_devices=_group(
+            (name, spec.path) for spec in valid for name in spec.qualified_devices
+        ),
+        stale=stale,
+        addressable_uuids=addressable,
+        unaddressable_uuids=tuple(uuid for uuid in gpu_uuids if uuid not in addressable),
+        all_device=f"{CDI_GPU_KIND}=all" in declared,
+    )
+
+
+# --- SELinux, init, CPUs, disk, ports ----------------------------------------------------------
+
+_SEBOOL = re.compile(r"^container_use_devices\s+-->\s+(on|off)\s*$", re.MULTILINE)
+_MODES: dict[str, SelinuxMode] = {
+    "enforcing": "enforcing",
+    "permissive": "permissive",
+    "disabled": "disabled",
+}
+
+
+def parse_selinux(
+    getenforce_output: str,
+    getenforce_exit_code: int,
+    getsebool_output: str,
+    getsebool_exit_code: int,
+) -> Selinux:
+    """``getenforce`` and ``getsebool container_use_devices`` ("container_use_devices --> on")."""
+    if getenforce_exit_code == COMMAND_NOT_FOUND and getsebool_exit_code == COMMAND_NOT_FOUND:
+        return Selinux(mode="absent", container_use_devices=None)
+    lines = _lines(getenforce_output)
+    mode: SelinuxMode = "unknown"
+    if getenforce_exit_code == 0 and lines:
+        mode = _MODES.get(lines[0].lower(), "unknown")
+    match = _SEBOOL.search(getsebool_output) if getsebool_exit_code == 0 else None
+    if match:
+        return Selinux(mode=mode, container_use_devices=match.group(1) == "on")
+    message = getsebool_output.strip() if mode != "disabled" else ""
+    return Selinux(mode=mode, container_use_devices=None, message=message)
+
+
+def parse_pid1(output: str, exit_code: int) -> InitSystem:
+    """``cat /proc/1/comm`` (or ``ps -p 1 -o comm=``): "systemd" on a systemd host."""
+    lines = _lines(output)
+    if exit_code != 0 or len(lines) != 1:
+        return InitSystem(pid1=None)
+    return InitSystem(pid1=lines[0])
+
+
+def parse_nproc(output: str, exit_code: int) -> int:
+    """``nproc``: the CPUs this login may use."""
+    lines = _lines(output)
+    if exit_code != 0 or len(lines) != 1 or not _INT.fullmatch(lines[0]) or int(lines[0]) < 1:
+        raise FactError(f"nproc: not a CPU count: {output.strip()[:200]!r}")
+    return int(lines[0])
+
+
+_DF_HEADER_BLOCKS = re.compile(r"\b([0-9]+)-blocks\b")
+_DF_ROW = re.compile(r"(.*?)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+)\s+([0-9]+%|-)\s+(/.*)")
+
+
+def parse_df(output: str, exit_code: int) -> DiskSpace:
+    """The path asked about, its nearest existing ancestor, then ``df -Pk`` of that ancestor."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    if exit_code != 0 or len(lines) < 4:
+        raise FactError(f"df: no usable output (exit {exit_code}): {output.strip()[:200]!r}")
+    requested, checked, header, row = lines[0], lines[1], lines[2], lines[-1]
+    blocks = _DF_HEADER_BLOCKS.search(header)
+    match = _DF_ROW.fullmatch(row.strip())
+    if not blocks or not match:
+        raise FactError(f"df: unrecognised output: {header.strip()!r} / {row.strip()!r}")
+    unit = int(blocks.group(1))
+    return DiskSpace(
+        path=requested,
+        checked_path=checked,
+        filesystem=match.group(1),
+        mount_point=match.group(6),
+        total_bytes=int(match.group(2)) * unit,
+        available_bytes=int(match.group(4)) * unit,
+    )
+
+
+def parse_listen_address(local: str) -> Listener | None:
+    """ss's Local Address:Port column: 0.0.0.0:22, *:80, [::]:22, [::1]:631, 127.0.0.53%lo:53."""
+    host, sep, port = local.rpartition(":")
+    if not sep or not _INT.fullmatch(port) or not host:
+        return None
+    host, _, interface = host.partition("%")
+    address = host.strip("[]")
+    interface = interface.strip("[]")
+    if not address or int(port) > 65535:
+        return None
+    return Listener(address=address, port=int(port), interface=interface or None)
+
+
+def parse_ss(output: str, exit_code: int) -> tuple[Listener, ...]:
+    """``ss -Hltn`` (or ``ss -ltn``, its header skipped): every listening TCP socket."""
+    if exit_code == COMMAND_NOT_FOUND:
+        raise FactError("ss not found on the host (iproute2)")
+    if exit_code != 0:
+        raise FactError(f"ss exited {exit_code}: {output.strip()[:200]!r}")
+    listeners: list[Listener] = []
+    for line in _lines(output):
+        fields = line.split()
+        if len(fields) < 5 or fields[0] != "LISTEN":
+            continue
+        listener = parse_listen_address(fields[3])
+        if listener is not None:
+            listeners.append(listener)
+    return tuple(listeners)

@@ -1,0 +1,395 @@
+"""The host survey: POSIX-sh snippets printing every fact in one SSH round trip, and their reading.
+
+Each section runs in a subshell with stderr merged, framed by marker lines, so a failing tool
+(nvidia-smi exit 9, a missing binary: exit 127) arrives as text plus exit code, never as a
+failed command. Pure: building the script and reading its output do no I/O.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .errors import FactError
+from .model import (
+    CdiReport,
+    CdiSpec,
+    ContainerEngines,
+    ContainerToolkit,
+    DiskSpace,
+    GpuReport,
+    HostFacts,
+    InitSystem,
+    Listener,
+    NvidiaDevices,
+    Selinux,
+    Source,
+)
+from .parsers import (
+    NVIDIA_SMI_QUERY,
+    analyse_cdi,
+    nvidia_devices,
+    parse_cdi_dump,
+    parse_df,
+    parse_docker_version,
+    parse_nproc,
+    parse_nvidia_ctk_version,
+    parse_nvidia_smi,
+    parse_pid1,
+    parse_podman_version,
+    parse_quadlet_path,
+    parse_selinux,
+    parse_ss,
+)
+
+SECTION_MARKER = "@@td section "
+EXIT_MARKER = "@@td rc "
+DEFAULT_MODELS_DIR = "/var/lib/tensorless/models"
+DEFAULT_CDI_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+QUADLET_PATHS: tuple[str, ...] = ("/usr/libexec/podman/quadlet", "/usr/lib/podman/quadlet")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Section:
+    """One named shell snippet; its exit status is the snippet's own."""
+
+    name: str
+    script: str
+
+
+@dataclass(frozen=True)
+class SectionOutput:
+    text: str
+    exit_code: int
+
+
+def _need(command: str) -> str:
+    return f"command -v {command} >/dev/null 2>&1 || exit 127"
+
+
+def gpu_sections() -> tuple[Section, ...]:
+    return (Section("nvidia-smi", f"{_need('nvidia-smi')}; {NVIDIA_SMI_QUERY}"),)
+
+
+def device_sections() -> tuple[Section, ...]:
+    return (
+        Section("nvidia-devices", "ls -l /dev/nvidia*"),
+        # exit 2: no /dev/char at all; otherwise only the lines that point at NVIDIA nodes
+        Section("dev-char", "[ -d /dev/char ] || exit 2; ls -l /dev/char | grep nvidia; exit 0"),
+    )
+
+
+def engine_sections() -> tuple[Section, ...]:
+    quadlets = " ".join(shlex.quote(path) for path in QUADLET_PATHS)
+    docker_info = "docker info --format '{{json .Runtimes}}'"
+    return (
+        Section("podman", f"{_need('podman')}; podman --version"),
+        Section("quadlet", f'for q in {quadlets}; do [ -x "$q" ] && echo "$q"; done; exit 0'),
+        Section("docker", f"{_need('docker')}; docker --version"),
+        Section(
+            "docker-runtimes",
+            f"{_need('docker')}; docker --version 2>&1 | grep -q 'podman version' && exit 3; "
+            f"if command -v timeout >/dev/null 2>&1; then timeout 20 {docker_info}; "
+            f"else {docker_info}; fi",
+        ),
+    )
+
+
+def toolkit_sections() -> tuple[Section, ...]:
+    return (Section("nvidia-ctk", f"{_need('nvidia-ctk')}; nvidia-ctk --version"),)
+
+
+def cdi_sections(cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS) -> tuple[Section, ...]:
+    dirs = " ".join(shlex.quote(d) for d in cdi_dirs)
+    return (
+        Section(
+            "cdi",
+            f'for d in {dirs}; do for f in "$d"/*.yaml "$d"/*.yml "$d"/*.json; do '
+            '[ -f "$f" ] || continue; echo "@@td file $f"; cat "$f"; echo; done; done; exit 0',
+        ),
+    )
+
+
+def selinux_sections() -> tuple[Section, ...]:
+    return (
+        Section("getenforce", f"{_need('getenforce')}; getenforce"),
+        Section("getsebool", f"{_need('getsebool')}; getsebool container_use_devices"),
+    )
+
+
+def init_sections() -> tuple[Section, ...]:
+    return (Section("pid1", "cat /proc/1/comm 2>/dev/null || ps -p 1 -o comm="),)
+
+
+def cpu_sections() -> tuple[Section, ...]:
+    return (Section("nproc", "nproc 2>/dev/null || getconf _NPROCESSORS_ONLN"),)
+
+
+def disk_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
+    if not models_dir.startswith("/") or "\n" in models_dir or "\r" in models_dir:
+        raise FactError(f"models directory {models_dir!r}: must be an absolute one-line path")
+    quoted = shlex.quote(models_dir)
+    return (
+        Section(
+            "disk",
+            f"p={quoted}; printf '%s\\n' \"$p\"; "
+            'while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+            'printf \'%s\\n\' "$p"; df -Pk "$p"',
+        ),
+    )
+
+
+def port_sections() -> tuple[Section, ...]:
+    return (Section("ports", f"{_need('ss')}; ss -Hltn 2>/dev/null || ss -ltn"),)
+
+
+def all_sections(
+    models_dir: str = DEFAULT_MODELS_DIR, cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS
+) -> tuple[Section, ...]:
+    return (
+        *gpu_sections(),
+        *device_sections(),
+        *engine_sections(),
+        *toolkit_sections(),
+        *cdi_sections(cdi_dirs),
+        *selinux_sections(),
+        *init_sections(),
+        *cpu_sections(),
+        *disk_sections(models_dir),
+        *port_sections(),
+    )
+
+
+def survey_script(sections: Iterable[Section]) -> str:
+    """One POSIX-sh script printing each section framed by markers; it always exits 0."""
+    parts = ["export LC_ALL=C"]
+    for section in sections:
+        parts.append(f"echo '{SECTION_MARKER}{section.name}'")
+        parts.append(f"( {section.script}\n) </dev/null 2>&1")
+        parts.append(f'echo "{EXIT_MARKER}$?"')
+    parts.append("exit 0")
+    return "\n".join(parts)
+
+
+def split_sections(output: str | Iterable[str]) -> dict[str, SectionOutput]:
+    """Section name -> its text and exit code. A section cut short raises FactError."""
+    lines = output.splitlines() if isinstance(output, str) else list(output)
+    sections: dict[str, SectionOutput] = {}
+    name: str | None = None
+    body: list[str] = []
+    for line in lines:
+        line = line.rstrip("\r")
+        if name is None:
+            if line.startswith(SECTION_MARKER):
+                name, body = line[len(SECTION_MARKER) :].strip(), []
+            continue
+        # the exit marker may be glued to a last line that had no newline of its own
+        head, sep, code = line.rpartition(EXIT_MARKER)
+        if sep and code.strip().isdigit():
+            if head:
+                body.append(head)
+            sections[name] = SectionOutput("\n".join(body), int(code.strip()))
+            name = None
+            continue
+        body.append(line)
+    if name is not None:
+        raise FactError(f"host output ended inside section {name!r} (no exit status)")
+    return sections
+
+
+def _section(sections: Mapping[str, SectionOutput], name: str) -> SectionOutput:
+    try:
+        return sections[name]
+    except KeyError:
+        raise FactError(f"host output lacks section {name!r}") from None
+
+
+# --- readers: sections -> one fact value ------------------------------------------------------
+
+
+def read_gpus(sections: Mapping[str, SectionOutput]) -> GpuReport:
+    smi = _section(sections, "nvidia-smi")
+    return parse_nvidia_smi(smi.text, smi.exit_code)
+
+
+def read_devices(sections: Mapping[str, SectionOutput]) -> NvidiaDevices:
+    char = _section(sections, "dev-char")
+    return nvidia_devices(_section(sections, "nvidia-devices").text, char.text, char.exit_code)
+
+
+def read_engines(sections: Mapping[str, SectionOutput]) -> ContainerEngines:
+    podman = _section(sections, "podman")
+    docker = _section(sections, "docker")
+    runtimes = _section(sections, "docker-runtimes")
+    return ContainerEngines(
+        podman=parse_podman_version(
+            podman.text, podman.exit_code, parse_quadlet_path(_section(sections, "quadlet").text)
+        ),
+        docker=parse_docker_version(
+            docker.text, docker.exit_code, runtimes.text, runtimes.exit_code
+        ),
+    )
+
+
+def read_toolkit(sections: Mapping[str, SectionOutput]) -> ContainerToolkit:
+    ctk = _section(sections, "nvidia-ctk")
+    return parse_nvidia_ctk_version(ctk.text, ctk.exit_code)
+
+
+def read_cdi_specs(sections: Mapping[str, SectionOutput]) -> tuple[CdiSpec, ...]:
+    return parse_cdi_dump(_section(sections, "cdi").text)
+
+
+def read_selinux(sections: Mapping[str, SectionOutput]) -> Selinux:
+    mode = _section(sections, "getenforce")
+    boolean = _section(sections, "getsebool")
+    return parse_selinux(mode.text, mode.exit_code, boolean.text, boolean.exit_code)
+
+
+def read_init(sections: Mapping[str, SectionOutput]) -> InitSystem:
+    pid1 = _section(sections, "pid1")
+    return parse_pid1(pid1.text, pid1.exit_code)
+
+
+def read_cpus(sections: Mapping[str, SectionOutput]) -> int:
+    nproc = _section(sections, "nproc")
+    return parse_nproc(nproc.text, nproc.exit_code)
+
+
+def read_disk(sections: Mapping[str, SectionOutput]) -> DiskSpace:
+    disk = _section(sections, "disk")
+    return parse_df(disk.text, disk.exit_code)
+
+
+def read_listeners(sections: Mapping[str, SectionOutput]) -> tuple[Listener, ...]:
+    ports = _section(sections, "ports")
+    return parse_ss(ports.text, ports.exit_code)
+
+
+# --- HostFacts ---------------------------------------------------------------------------------
+
+
+def build_host_facts(
+    *,
+    gpus: GpuReport,
+    devices: NvidiaDevices | None = None,
+    engines: ContainerEngines | None = None,
+    toolkit: ContainerToolkit | None = None,
+    cdi_specs: Sequence[CdiSpec] | None = None,
+    selinux: Selinux | None = None,
+    init: InitSystem | None = None,
+    cpus: int | None = None,
+    disk: DiskSpace | None = None,
+    listeners: Sequence[Listener] | None = None,
+    problems: Sequence[str] = (),
+    source: Source = "host",
+) -> HostFacts:
+    """HostFacts from parsed pieces; the CDI specs are judged against the GPUs' driver here."""
+    cdi: CdiReport | None = None
+    if cdi_specs is not None:
+        uuids = [gpu.uuid for gpu in gpus.gpus if gpu.uuid is not None]
+        cdi = analyse_cdi(cdi_specs, gpus.driver_version, uuids)
+    return HostFacts.model_validate(
+        {
+            "source": source,
+            "gpus": gpus,
+            "devices": devices,
+            "engines": engines,
+            "toolkit": toolkit,
+            "cdi": cdi,
+            "selinux": selinux,
+            "init": init,
+            "cpus": cpus,
+            "disk": disk,
+            "listeners": None if listeners is None else tuple(listeners),
+            "problems": tuple(problems),
+        }
+    )
+
+
+def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
+    """HostFacts from the output of ``survey_script(all_sections(...))``.
+
+    A section whose output cannot be read leaves its field None and says why in ``problems``;
+    only a survey without its nvidia-smi section, or one cut short, raises FactError.
+    """
+    sections = split_sections(output)
+    problems: list[str] = []
+
+    def read(name: str, reader: Callable[[Mapping[str, SectionOutput]], T]) -> T | None:
+        try:
+            return reader(sections)
+        except FactError as exc:
+            problems.append(f"{name}: {exc.message}")
+            return None
+
+    return build_host_facts(
+        gpus=read_gpus(sections),
+        devices=read("devices", read_devices),
+        engines=read("engines", read_engines),
+        toolkit=read("toolkit", read_toolkit),
+        cdi_specs=read("cdi", read_cdi_specs),
+        selinux=read("selinux", read_selinux),
+        init=read("init", read_init),
+        cpus=read("cpus", read_cpus),
+        disk=read("disk", read_disk),
+        listeners=read("ports", read_listeners),
+        problems=problems,
+    )
+
+
+# --- offline: HostFacts from inventory data ----------------------------------------------------
+
+INVENTORY_KEYS: tuple[str, ...] = ("gpus", "driver_version", "cpus")
+
+
+def _inventory_error(key: str, why: str) -> FactError:
+    return FactError(
+        f"inventory host data: {key}: {why}",
+        fix="give gpus as a list of {name, compute_cap, memory_total_mib[, uuid, count]}",
+    )
+
+
+def host_facts_from_inventory(data: Mapping[str, Any]) -> HostFacts:
+    """HostFacts for offline planning from inventory host data; other keys are ignored.
+
+    ``gpus``: list of mappings with ``name``, ``compute_cap`` ("6.0"), ``memory_total_mib``,
+    optionally ``memory_used_mib``, ``uuid``, ``index`` and ``count`` (that many identical
+    cards); ``driver_version`` and ``cpus`` optional. Everything else stays unknown (None).
+    """
+    raw_gpus = data.get("gpus")
+    if not isinstance(raw_gpus, (list, tuple)) or not raw_gpus:
+        raise _inventory_error("gpus", "must be a non-empty list")
+    driver = data.get("driver_version")
+    if driver is not None and not isinstance(driver, str):
+        raise _inventory_error("driver_version", "must be a string like 535.183.01")
+    rows: list[dict[str, Any]] = []
+    for n, raw in enumerate(raw_gpus):
+        if not isinstance(raw, Mapping):
+            raise _inventory_error(f"gpus[{n}]", "must be a mapping")
+        entry = dict(raw)
+        count = entry.pop("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise _inventory_error(f"gpus[{n}].count", "must be a positive integer")
+        if count > 1 and entry.get("uuid") is not None:
+            raise _inventory_error(f"gpus[{n}].uuid", "one uuid cannot name several cards")
+        rows.extend(dict(entry) for _ in range(count))
+    gpus: list[dict[str, Any]] = []
+    for position, row in enumerate(rows):
+        row.setdefault("index", position)
+        row.setdefault("uuid", None)
+        row.setdefault("memory_used_mib", None)
+        row.setdefault("driver_version", driver)
+        gpus.append(row)
+    cpus = data.get("cpus")
+    if cpus is not None and (not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1):
+        raise _inventory_error("cpus", "must be a positive integer")
+    try:
+        report = GpuReport.model_validate({"state": "ok", "gpus": gpus})
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise _inventory_error("gpus", str(exc).replace("\n", "; ")) from None
+    return build_host_facts(gpus=report, cpus=cpus, source="inventory")

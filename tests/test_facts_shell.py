@@ -1,0 +1,219 @@
+"""The survey's shell really runs: POSIX sh, real coreutils/ss/kernel, pyinfra's @local connector.
+
+Only nvidia-smi and nvidia-ctk are stand-ins (DESIGN.md): scripts that print the captured bytes
+of tests/fixtures and exit with the code the real tool did. The CDI specs are real files in a
+temporary folder that the survey is pointed at.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tensorless_deploy.facts import host as host_facts
+from tensorless_deploy.facts.model import HostFacts, blocking_listeners
+from tensorless_deploy.facts.parsers import NVIDIA_SMI_QUERY, parse_ss
+from tensorless_deploy.facts.survey import all_sections, host_facts_from_survey, survey_script
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200 = FIXTURES / "nvidia-smi" / "h200-driver-580"
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _stand_in(bin_dir: Path, name: str, expected_args: str, output: Path, code: int) -> None:
+    """A script that answers only the exact arguments the survey must pass."""
+    script = bin_dir / name
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$*" != {_sh_quote(expected_args)} ]; then echo "unexpected: $*" >&2; exit 99; fi\n'
+        f"cat {_sh_quote(str(output))}\n"
+        f"exit {code}\n"
+    )
+    script.chmod(0o755)
+
+
+def _sh_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+@pytest.fixture
+def stand_ins(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    version = tmp_path / "ctk-version.out"
+    version.write_text(
+        "NVIDIA Container Toolkit CLI version 1.17.8\n"
+        "commit: f202b80a9b9d0db00d9b1d73c0128c8962c55f4d\n"
+    )
+    _stand_in(bin_dir, "nvidia-ctk", "--version", version, 0)
+    return bin_dir
+
+
+@pytest.fixture
+def cdi_dirs(tmp_path: Path) -> list[str]:
+    etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    etc.mkdir()
+    run.mkdir()
+    shutil.copy(FIXTURES / "cdi" / "h200-535.183.01-stale.yaml", etc / "nvidia.yaml")
+    # no trailing newline: the framing must still hold
+    (run / "nvidia.yaml").write_text(
+        (FIXTURES / "cdi" / "h200-580.159.04.yaml").read_text().rstrip("\n")
+    )
+    (run / "ignored.txt").write_text("not a spec name")
+    return [str(etc), str(run), str(tmp_path / "no-such-dir")]
+
+
+def _run_survey(path: str, models_dir: str, cdi: list[str]) -> HostFacts:
+    script = survey_script(all_sections(models_dir, cdi))
+    done = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PATH": path, "LANG": "C"},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    return host_facts_from_survey(done.stdout)
+
+
+def test_survey_reads_a_gpu_host(stand_ins: Path, cdi_dirs: list[str], tmp_path: Path) -> None:
+    smi_args = NVIDIA_SMI_QUERY.split(" ", 1)[1]
+    _stand_in(stand_ins, "nvidia-smi", smi_args, H200 / "query-csv.out", 0)
+    facts = _run_survey(f"{stand_ins}:{SYSTEM_PATH}", str(tmp_path / "models" / "sub"), cdi_dirs)
+
+    assert facts.gpus.state == "ok"
+    assert facts.driver_version == "580.159.04"
+    assert [gpu.uuid for gpu in facts.gpus.gpus] == ["GPU-ab6a0263-0ae2-1846-2f4f-455ff8b12167"]
+    assert facts.toolkit is not None and facts.toolkit.version == (1, 17, 8)
+    assert facts.cdi is not None
+    assert [spec.path for spec in facts.cdi.specs] == [
+        f"{cdi_dirs[0]}/nvidia.yaml",
+        f"{cdi_dirs[1]}/nvidia.yaml",
+    ]
+    assert all(spec.error is None for spec in facts.cdi.specs)
+    assert facts.cdi.stale == (f"{cdi_dirs[0]}/nvidia.yaml",)
+    assert list(facts.cdi.duplicate_kinds) == ["nvidia.com/gpu"]
+    assert facts.cdi.addressable_uuids == ("GPU-ab6a0263-0ae2-1846-2f4f-455ff8b12167",)
+    assert facts.disk is not None
+    assert facts.disk.checked_path == str(tmp_path)
+    assert not facts.disk.path_exists and facts.disk.available_bytes > 0
+    assert facts.cpus == len(os.sched_getaffinity(0))
+    assert facts.init is not None
+    assert facts.init.pid1 == Path("/proc/1/comm").read_text().strip()
+    if shutil.which("ss", path=SYSTEM_PATH):
+        assert facts.listeners is not None and facts.problems == ()
+
+
+def test_survey_keeps_nvidia_smi_exit_9_as_a_state(stand_ins: Path, tmp_path: Path) -> None:
+    smi_args = NVIDIA_SMI_QUERY.split(" ", 1)[1]
+    out = FIXTURES / "nvidia-smi" / "no-driver" / "query-csv.out"
+    _stand_in(stand_ins, "nvidia-smi", smi_args, out, 9)
+    facts = _run_survey(f"{stand_ins}:{SYSTEM_PATH}", "/var/lib/tensorless/models", [])
+    assert facts.gpus.state == "no_driver"
+    assert facts.gpus.exit_code == 9
+    assert "couldn't communicate with the NVIDIA driver" in facts.gpus.message
+
+
+def test_survey_without_nvidia_tools(tmp_path: Path) -> None:
+    if shutil.which("nvidia-smi", path=SYSTEM_PATH) or shutil.which("nvidia-ctk", path=SYSTEM_PATH):
+        pytest.skip("this machine has NVIDIA tools in its system PATH")
+    facts = _run_survey(SYSTEM_PATH, "/var/lib/tensorless/models", [str(tmp_path)])
+    assert facts.gpus.state == "absent"
+    assert facts.toolkit is not None and not facts.toolkit.present
+    assert facts.cdi is not None and facts.cdi.specs == ()
+
+
+def test_pyinfra_runs_the_facts_on_local(
+    stand_ins: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The FactBase classes through pyinfra itself (the @local connector runs sh -c)."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+
+    smi_args = NVIDIA_SMI_QUERY.split(" ", 1)[1]
+    _stand_in(stand_ins, "nvidia-smi", smi_args, H200 / "query-csv.out", 0)
+    monkeypatch.setenv("PATH", f"{stand_ins}:{SYSTEM_PATH}")
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    local = inventory.get_host("@local")
+
+    gpus = local.get_fact(host_facts.NvidiaGpus)
+    assert gpus.state == "ok" and gpus.driver_version == "580.159.04"
+    toolkit = local.get_fact(host_facts.NvidiaContainerToolkit)
+    assert toolkit.version == (1, 17, 8)
+    disk = local.get_fact(host_facts.FreeDisk, path=str(tmp_path / "not yet"))
+    assert disk.checked_path == str(tmp_path)
+    survey = local.get_fact(host_facts.HostSurvey, models_dir=str(tmp_path))
+    assert isinstance(survey, HostFacts) and survey.disk is not None
+    assert survey.disk.path_exists
+    assert survey.gpus == gpus
+    assert not state.failed_hosts
+
+
+# --- the port verdict against the kernel's own -------------------------------------------------
+
+
+def _listen(
+    family: socket.AddressFamily, address: str, v6only: bool | None = None
+) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if v6only is not None:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
+    sock.bind((address, 0))
+    sock.listen()
+    return sock
+
+
+@pytest.fixture
+def listeners() -> Iterator[list[socket.socket]]:
+    if not socket.has_ipv6 or not shutil.which("ss"):
+        pytest.skip("needs IPv6 and ss")
+    try:
+        socks = [
+            _listen(socket.AF_INET, "0.0.0.0"),
+            _listen(socket.AF_INET, "127.0.0.1"),
+            _listen(socket.AF_INET6, "::", v6only=True),
+            _listen(socket.AF_INET6, "::", v6only=False),
+            _listen(socket.AF_INET6, "::1", v6only=True),
+            _listen(socket.AF_INET6, "::ffff:127.0.0.1", v6only=False),
+        ]
+    except OSError as exc:
+        pytest.skip(f"cannot open test listeners: {exc}")
+    yield socks
+    for sock in socks:
+        sock.close()
+
+
+def _bind_fails(address: str, port: int) -> bool:
+    """Try the bind; "::" means IPv6 only, "*" the dual-stack wildcard."""
+    family = socket.AF_INET6 if ":" in address or address == "*" else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(address != "*"))
+        sock.bind(("::" if address == "*" else address, port))
+    except OSError:
+        return True
+    finally:
+        sock.close()
+    return False
+
+
+def test_port_verdict_matches_the_kernel(listeners: list[socket.socket]) -> None:
+    done = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True)
+    parsed = parse_ss(done.stdout, done.returncode)
+    for sock in listeners:
+        port = sock.getsockname()[1]
+        assert any(lst.port == port for lst in parsed), f"ss did not show port {port}"
+        for bind in ("127.0.0.1", "0.0.0.0", "::1", "::", "*"):
+            predicted = bool(blocking_listeners(parsed, port, bind))
+            assert predicted == _bind_fails(bind, port), (port, bind, done.stdout)
