@@ -265,19 +265,19 @@ def _engine_checks(facts: HostFacts, options: Options) -> tuple[list[Check], Eng
                       "sudo apt install podman")], None  # fmt: skip
     checks = []
     if engine == "podman":
-        checks.append(Check("engine.present", "ok", e.podman.version_text or "podman"))
+        checks.append(Check("engine.present", "ok", f"podman {e.podman.version_text}".strip()))
         if e.podman.quadlet_supported:
             seen = f"quadlet at {e.podman.quadlet_path}: units are .container files"
             checks.append(Check("engine.quadlet", "ok", seen))
         else:
             checks.append(Check(
                 "engine.quadlet", "warn",
-                f"{e.podman.version_text or 'podman'} has no quadlet (needs 4.4+): a plain "
+                f"podman {e.podman.version_text} has no quadlet (needs 4.4+): a plain "
                 "systemd .service running podman is used instead",
                 "upgrade podman to 4.4 or newer (Debian 13, Ubuntu 24.04) for quadlet units",
             ))  # fmt: skip
     else:
-        checks.append(Check("engine.present", "ok", e.docker.version_text or "docker"))
+        checks.append(Check("engine.present", "ok", f"docker {e.docker.version_text}".strip()))
     return checks, engine
 
 
@@ -382,8 +382,8 @@ def _disk_check(facts: HostFacts, recipe: Recipe, options: Options) -> list[Chec
     return [Check(
         "disk.model", "fail",
         f"{seen}; the model needs {recipe.model.size_bytes / gib:.1f} GiB plus 1 GiB",
-        f"free {(need - d.available_bytes) / gib:.1f} GiB on {d.mount_point}, or set the host's "
-        "models_dir to a larger filesystem",
+        f"free {(need - d.available_bytes) / gib:.1f} GiB on {d.mount_point}, or set the host's tensorless_models_dir "
+        "to a larger filesystem",
     )]  # fmt: skip
 
 
@@ -398,7 +398,7 @@ def _port_check(facts: HostFacts, options: Options) -> list[Check]:
     return [Check(
         "port.free", "fail", f"{where} is taken (listening: {by})",
         f"stop what listens there (sudo ss -ltnp 'sport = :{options.port}'), or set another "
-        "port for this host (port = N in the inventory, or --port N)",
+        "port for this host (tensorless_port = N in the inventory, or --port N)",
     )]  # fmt: skip
 
 
@@ -441,3 +441,34 @@ def host_verdict(
             if facts.gpus.state == "ok" and match_gpus(r, facts.gpus.gpus).usable
         )  # fmt: skip
     return Verdict(tuple(checks), match, engine, servable)
+
+
+def choose_recipe(recipes: Sequence[Recipe], facts: HostFacts) -> Recipe | None:
+    """The model's recipe for a card this host has (driver not considered: that is a check of
+    its own, with the driver to install)."""
+    for recipe in recipes:
+        if any(gpu_fits_card(g, recipe) for g in facts.gpus.gpus):
+            return recipe
+    return None
+
+
+def no_card_verdict(
+    model: str, recipes: Sequence[Recipe], facts: HostFacts, options: Options
+) -> Verdict:
+    """A host none of whose GPUs fits any card the model has a recipe for."""
+    base = host_verdict(facts, None, options)
+    cards = "; ".join(
+        f"{r.card.id} (compute {r.card.compute_capability}, >= {r.card.min_memory_mib} MiB)"
+        for r in recipes
+    )
+    have = "; ".join(describe_gpu(g) for g in facts.gpus.gpus) or "no GPUs"
+    check = Check(
+        "card.match", "fail",
+        f"no recipe of {model} for this host's GPUs: it has {have}; "
+        f"{model} has recipes for {cards}",
+        "pick a model with a recipe for this card: tensorless-deploy doctor (no MODEL) lists them",
+    )  # fmt: skip
+    checks = list(base.checks)
+    at = next((i for i, c in enumerate(checks) if c.id.startswith("driver.")), len(checks) - 1)
+    checks.insert(at + 1, check)
+    return Verdict(tuple(checks), None, base.engine)

@@ -28,6 +28,15 @@ def _recipes_flag(p: argparse.ArgumentParser) -> None:
                    help="read DIR/<org>/<repo>/<card>.toml, not the built-in catalog")  # fmt: skip
 
 
+def _hosts_flags(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("-i", "--inventory", metavar="INVENTORY",
+                       help="pyinfra inventory file (see inventories/example.py)")  # fmt: skip
+    where.add_argument("--local", action="store_true", help="this machine only")
+    p.add_argument("--limit", action="append", metavar="HOST",
+                   help="only this host (repeatable)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorless-deploy",
@@ -55,6 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
                 "catalog_cmds:cmd_info")  # fmt: skip
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument("--card", metavar="ID", help="only this card's recipe")
+    _recipes_flag(p)
+
+    p = command("doctor", "check hosts read-only, with the command that fixes each problem",
+                "doctor_cmd:cmd_doctor")  # fmt: skip
+    _hosts_flags(p)
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="repo ids or short names (default: readiness, and what each host can "
+                   "serve)")  # fmt: skip
+    p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
+    p.add_argument("--port", type=int, default=8080, help="serving port to check (default 8080)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="serving address to check (default 127.0.0.1)")  # fmt: skip
     _recipes_flag(p)
     return parser
 

@@ -1,0 +1,44 @@
+"""An example pyinfra inventory for tensorless-deploy.
+
+Any pyinfra inventory works (https://docs.pyinfra.com/en/3.x/inventory-data.html): module-level
+lists of hosts are groups; a host is a name, or (name, data). pyinfra's own keys (ssh_hostname,
+ssh_user, ssh_key, ssh_port, ssh_known_hosts_file, ...) say how to reach it; these keys say how
+tensorless-deploy serves on it, each with its default:
+
+    tensorless_port        8080                          the API port
+    tensorless_bind        "127.0.0.1"                   the API address; say "0.0.0.0" to open
+                                                          it to the network (the default never does)
+    tensorless_models_dir  "/var/lib/tensorless/models"  where GGUFs land, in the Hugging Face
+                                                          cache layout (models--ORG--NAME/...)
+    tensorless_engine      "auto"                        "podman", "docker", or auto (podman
+                                                          when present, else docker)
+    tensorless_gpus        (read over SSH)               for `plan --offline` only: the GPUs as
+                                                          nvidia-smi would list them
+
+Use it with:  tensorless-deploy doctor -i inventories/example.py [MODEL]
+"""
+
+# Pascal boxes reached directly, key from ssh-agent or ~/.ssh/config.
+p100_servers = [
+    ("gpu-p100-01.example.net", {"ssh_user": "root"}),
+    ("gpu-p100-02.example.net", {"ssh_user": "root", "tensorless_port": 8081}),
+]
+
+# A Hopper box behind its own address, serving to the LAN on purpose, models on a big disk.
+h200_servers = [
+    (
+        "h200-a",
+        {
+            "ssh_hostname": "10.0.12.7",
+            "ssh_user": "ubuntu",
+            "_sudo": True,
+            "tensorless_bind": "0.0.0.0",
+            "tensorless_models_dir": "/srv/models",
+            # What `plan --offline` assumes before the host is reachable:
+            "tensorless_gpus": [
+                {"name": "NVIDIA H200", "compute_cap": "9.0", "memory_total_mib": 143771,
+                 "driver_version": "580.159.04"},
+            ],
+        },
+    ),
+]

@@ -1,0 +1,165 @@
+"""Layer 5 (effects): inventories, per-host settings, and reading facts from many hosts at once.
+
+pyinfra does the fan-out: every host is connected and surveyed in parallel, an unreachable host
+becomes one outcome with its SSH error, and the others still report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tensorless_deploy.decisions import EngineChoice, Options
+from tensorless_deploy.errors import TensorlessError, UsageError
+from tensorless_deploy.facts.model import HostFacts
+
+# Host data keys an inventory may set for tensorless-deploy (documented in
+# inventories/example.py); everything else in host data belongs to pyinfra and its connectors.
+DATA_PORT = "tensorless_port"
+DATA_BIND = "tensorless_bind"
+DATA_MODELS_DIR = "tensorless_models_dir"
+DATA_ENGINE = "tensorless_engine"
+DATA_GPUS = "tensorless_gpus"  # offline planning: the GPUs as nvidia-smi would list them
+CONNECT_TIMEOUT_S = 10
+
+
+class InventoryError(TensorlessError):
+    """An inventory that cannot be read, or host data of the wrong shape."""
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """One host after the survey: its settings, and its facts or why there are none."""
+
+    name: str
+    options: Options
+    facts: HostFacts | None
+    error: str | None = None
+    data: Any = None  # the host's pyinfra data, for offline planning
+
+
+def options_for(name: str, data: Any, base: Options) -> Options:
+    """Per-host settings from host data, falling back to the command line's."""
+
+    def get(key: str, default: Any) -> Any:
+        value = getattr(data, key, None) if data is not None else None
+        return default if value is None else value
+
+    port = get(DATA_PORT, base.port)
+    bind = get(DATA_BIND, base.bind)
+    models_dir = get(DATA_MODELS_DIR, base.models_dir)
+    engine = get(DATA_ENGINE, base.engine)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise InventoryError(f"{name}: {DATA_PORT}: must be a port number 1-65535 ({port!r})")
+    if not isinstance(bind, str) or not bind:
+        raise InventoryError(f"{name}: {DATA_BIND}: must be an IP address string ({bind!r})")
+    if not isinstance(models_dir, str) or not models_dir.startswith("/"):
+        raise InventoryError(
+            f"{name}: {DATA_MODELS_DIR}: must be an absolute path ({models_dir!r})"
+        )
+    if engine not in ("auto", "podman", "docker"):
+        raise InventoryError(f"{name}: {DATA_ENGINE}: must be podman, docker or auto ({engine!r})")
+    chosen: EngineChoice = engine
+    return Options(
+        port=port, bind=bind, models_dir=models_dir, engine=chosen,
+        allow_draft=base.allow_draft, local=base.local,
+    )  # fmt: skip
+
+
+def load_inventory(path: str | None, local: bool) -> Any:
+    """A pyinfra Inventory from a file (or host list), or this machine alone (@local)."""
+    from pyinfra.api.inventory import Inventory
+
+    if local:
+        return Inventory((["@local"], {}))
+    if path is None:
+        raise UsageError("say which hosts: -i INVENTORY or --local")
+    if not Path(path).exists() and "," not in path and "@" not in path:
+        raise UsageError(f"{path}: no such inventory file", fix="pass -i FILE.py or --local")
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.exceptions import CliError
+    from pyinfra_cli.inventory import make_inventory
+
+    # pyinfra executes inventory files inside a state context, as its own CLI does.
+    try:
+        with ctx_state.use(State(check_for_changes=False)):
+            return make_inventory(path)
+    except (CliError, SyntaxError, ImportError, OSError) as exc:
+        raise InventoryError(f"{path}: cannot load the inventory: {exc}") from exc
+
+
+def select_hosts(inventory: Any, limit: Sequence[str]) -> list[Any]:
+    hosts = list(inventory)
+    if not limit:
+        return hosts
+    names = {h.name for h in hosts}
+    unknown = [n for n in limit if n not in names]
+    if unknown:
+        raise UsageError(
+            f"--limit {', '.join(unknown)}: not in the inventory "
+            f"(hosts: {', '.join(sorted(names))})"
+        )
+    return [h for h in hosts if h.name in limit]
+
+
+def new_state(inventory: Any) -> Any:
+    from pyinfra.api.config import Config
+    from pyinfra.api.state import State
+
+    # pyinfra logs every connection and command; our own output says what matters.
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+    return State(inventory, Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_S))
+
+
+def _connect(host: Any) -> str | None:
+    from pyinfra.api.exceptions import ConnectError
+
+    try:
+        host.connect(show_errors=False, raise_exceptions=True)
+    except ConnectError as exc:
+        return f"cannot connect: {exc.args[0] if exc.args else exc}"
+    except OSError as exc:
+        return f"cannot connect: {exc}"
+    return None
+
+
+def survey_hosts(
+    inventory: Any, hosts: Sequence[Any], base: Options
+) -> list[HostOutcome]:
+    """Connect to each host and read its facts, all hosts in parallel; nothing is changed."""
+    import gevent
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.context import ctx_host, ctx_state
+
+    from tensorless_deploy.facts.host import HostSurvey
+
+    state = new_state(inventory)
+    options = {h.name: options_for(h.name, h.data, base) for h in hosts}
+
+    def one(host: Any) -> HostOutcome:
+        opts = options[host.name]
+        error = _connect(host)
+        if error is not None:
+            return HostOutcome(host.name, opts, None, error, host.data)
+        try:
+            with ctx_state.use(state), ctx_host.use(host):
+                facts = host.get_fact(HostSurvey, models_dir=opts.models_dir)
+        except PyinfraError as exc:
+            return HostOutcome(host.name, opts, None, f"cannot read facts: {exc}", host.data)
+        if facts is None:
+            return HostOutcome(host.name, opts, None, "cannot read facts", host.data)
+        return HostOutcome(host.name, opts, facts, None, host.data)
+
+    with ctx_state.use(state):
+        jobs = [gevent.spawn(one, h) for h in hosts]
+        gevent.joinall(jobs)
+    try:
+        return [job.get() for job in jobs]
+    finally:
+        for host in hosts:
+            if host.connected:
+                host.disconnect()

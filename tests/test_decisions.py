@@ -1,0 +1,89 @@
+"""Data-only decision scenarios: tests/decisions/<case>.json, host facts + recipe + options in,
+checks out. Facts come from the fact scenarios' expected values (real parser output), patched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorless_deploy.decisions import (
+    Options,
+    Verdict,
+    choose_recipe,
+    host_verdict,
+    no_card_verdict,
+)
+from tensorless_deploy.facts.model import HostFacts
+from tensorless_deploy.recipe import load_catalog
+from tensorless_deploy.recipe.model import Recipe
+from tests.recipe_tools import example
+
+TESTS = Path(__file__).parent
+CASES = sorted((TESTS / "decisions").glob("*.json"))
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            out[key] = _merge(base.get(key), value)
+        return out
+    return patch
+
+
+def _facts(spec: dict[str, Any]) -> HostFacts:
+    survey = json.loads((TESTS / "facts" / "survey" / f"{spec['survey']}.json").read_text())
+    data = _merge(survey["expected"], spec.get("patch", {}))
+    if "gpu_driver" in spec:
+        for gpu in data["gpus"]["gpus"]:
+            gpu["driver_version"] = spec["gpu_driver"]
+    return HostFacts.model_validate(data)
+
+
+def _verdict(case: dict[str, Any]) -> tuple[Verdict, bool]:
+    facts = _facts(case["facts"])
+    options = Options(**case.get("options", {}))
+    if case.get("no_model"):
+        catalog = [(e.path, e.recipe) for e in load_catalog().entries]
+        return host_verdict(facts, None, options, catalog), False
+    recipe = Recipe.model_validate(_merge(example(), case.get("recipe", {})))
+    if facts.gpus.state == "ok" and choose_recipe([recipe], facts) is None:
+        return no_card_verdict(recipe.model.hf_repo, [recipe], facts, options), True
+    return host_verdict(facts, recipe, options), False
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_decision_scenario(path: Path) -> None:
+    case = json.loads(path.read_text())
+    verdict, no_card = _verdict(case)
+    want = case["expected"]
+    by_id = {c.id: c for c in verdict.checks}
+    assert len(by_id) == len(verdict.checks), "check ids are unique per host"
+    if "ok" in want:
+        assert verdict.ok is want["ok"], [c for c in verdict.checks if c.status != "ok"]
+    assert no_card is want.get("no_card", False)
+    for check_id, status in want.get("checks", {}).items():
+        assert check_id in by_id, (check_id, list(by_id))
+        assert by_id[check_id].status == status, by_id[check_id]
+    for check_id in want.get("absent_checks", []):
+        assert check_id not in by_id
+    for check_id, text in want.get("evidence_contains", {}).items():
+        assert text in by_id[check_id].evidence, by_id[check_id]
+    for check_id, text in want.get("fix_contains", {}).items():
+        assert by_id[check_id].fix and text in by_id[check_id].fix, by_id[check_id]
+    if "gpu_uuids" in want:
+        assert verdict.match is not None and list(verdict.match.uuids) == want["gpu_uuids"]
+    if "engine" in want:
+        assert verdict.engine == want["engine"]
+    if "servable" in want:
+        assert list(verdict.servable) == want["servable"]
+    for check in verdict.checks:
+        if check.status != "ok" and check.id not in ("recipe.state",):
+            assert check.fix, f"{check.id} is {check.status} without a fix"
+
+
+def test_every_scenario_file_is_used() -> None:
+    assert len(CASES) >= 15
