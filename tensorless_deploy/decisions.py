@@ -382,8 +382,8 @@ def _disk_check(facts: HostFacts, recipe: Recipe, options: Options) -> list[Chec
     return [Check(
         "disk.model", "fail",
         f"{seen}; the model needs {recipe.model.size_bytes / gib:.1f} GiB plus 1 GiB",
-        f"free {(need - d.available_bytes) / gib:.1f} GiB on {d.mount_point}, or set the host's tensorless_models_dir "
-        "to a larger filesystem",
+        f"free {(need - d.available_bytes) / gib:.1f} GiB on {d.mount_point}, or point the "
+        "host's tensorless_models_dir at a larger filesystem",
     )]  # fmt: skip
 
 
