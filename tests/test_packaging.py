@@ -22,7 +22,8 @@ def test_wheel_ships_recipes_and_reads_them(tmp_path: Path) -> None:
         names = zf.namelist()
         zf.extractall(tmp_path / "site")
     shipped = [n for n in names if n.startswith("tensorless_deploy/_builtin/recipes/")]
-    assert "tensorless_deploy/_builtin/recipes/iamMrDuncan/Qwen3.8-27B-PN3-GGUF/p100.toml" in shipped
+    prefix = "tensorless_deploy/_builtin/recipes/"
+    assert prefix + "iamMrDuncan/Qwen3.8-27B-PN3-GGUF/p100.toml" in shipped
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     code = (
         "from tensorless_deploy.recipe import builtin_recipes_dir, load_catalog; "
