@@ -13,6 +13,7 @@ host). The nvidia-smi / nvidia-ctk scripts themselves live in ``profiles/_standi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE / "profiles"
-DEFAULT_FIXTURES = Path("/work/shared/fixtures/nvidia-smi")
+DEFAULT_FIXTURES = HERE.parent / "fixtures" / "nvidia-smi"  # real H200 bytes, in the repo
 STANDIN = "usr/share/nvidia-standin"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 CTK_VERSION = "1.17.8"
@@ -68,6 +69,7 @@ class Gpu:
     power_draw: int
     temp: int
     reserved: int
+    used: int = 0
 
 
 def p100(i: int, uuid: str) -> Gpu:
@@ -103,11 +105,12 @@ def t4(i: int, uuid: str) -> Gpu:
 
 
 H200_UUID = "GPU-ab6a0263-0ae2-1846-2f4f-455ff8b12167"
+# same (made-up) UUIDs as tests/fixtures/nvidia-smi/{p100,mixed-p100-t4}-driver-535
 P100_UUIDS = [
-    "GPU-6f1c5d3e-2b7a-4c89-9e41-0d8a3b5c7f12",
-    "GPU-a24e9b71-5c3d-4f6e-8b20-7c1d9e4a6b38",
+    "GPU-3f2c8a51-6d1e-4b7a-9c05-1e8d2f4a7b90",
+    "GPU-a7d41c9e-2b35-4f86-8e1a-5c9b0d3e6f21",
 ]
-T4_UUID = "GPU-c83b2f40-91d7-4e5a-b6c2-3a8e7d1f0954"
+T4_UUID = "GPU-5e0b9d72-8c14-43a6-b2f9-0a6d1c7e3b58"
 CUDA = {"580": "13.0", "535": "12.2", "515": "11.7"}
 
 
@@ -123,15 +126,15 @@ def tsv(gpus: list[Gpu], driver: str) -> str:
                     g.serial,
                     g.compute_cap,
                     str(g.mem_total),
-                    "0",
-                    str(g.mem_total - g.reserved),
+                    str(g.used),
+                    str(g.mem_total - g.reserved - g.used),
                     str(g.reserved),
                     driver,
                     g.vbios,
                     g.bus,
                     "Off",
                     str(g.temp),
-                    "0",
+                    "100" if g.used else "0",
                     f"{g.power_draw:.2f}",
                     f"{g.power_limit:.2f}",
                 ]
@@ -192,7 +195,7 @@ def _plain(
         out.append(
             row(
                 head + pwr.rjust(lw - len(head) - 1) + " ",
-                f"{'0MiB / ' + str(g.mem_total) + 'MiB':>21} ",
+                f"{f'{g.used}MiB / {g.mem_total}MiB':>21} ",
                 f"{'0%':>8}      Default ",
             )
         )
@@ -246,8 +249,9 @@ def driver_libs(driver: str) -> list[str]:
 def cdi_spec(gpus: list[Gpu], driver: str) -> str:
     """A spec shaped like `nvidia-ctk cdi generate` output (keys in its alphabetical order).
 
-    Device nodes map hostPath /dev/zero so podman can really inject them; library mounts name
-    the driver version (a spec for another driver version is stale).
+    Device nodes map hostPath /dev/zero so podman can really inject them; library mounts and
+    the enable-cuda-compat hook name the driver version (a spec for another driver is stale).
+    The hooks run /usr/bin/nvidia-cdi-hook, a no-op stand-in installed with the toolkit.
     """
 
     def node(path: str, indent: str) -> str:
@@ -256,15 +260,25 @@ def cdi_spec(gpus: list[Gpu], driver: str) -> str:
     out = ["---\n", "cdiVersion: 0.5.0\n", "containerEdits:\n", "  deviceNodes:\n"]
     for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
         out.append(node(p, "  "))
-    out += ["  env:\n", "  - NVIDIA_VISIBLE_DEVICES=void\n", "  mounts:\n"]
+    out += ["  env:\n", "  - NVIDIA_VISIBLE_DEVICES=void\n", "  hooks:\n"]
+    for args in (
+        ["create-symlinks", "--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"],
+        ["enable-cuda-compat", f"--host-driver-version={driver}"],
+        ["update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"],
+    ):
+        out.append("  - args:\n    - nvidia-cdi-hook\n")
+        out += [f"    - {a}\n" for a in args]
+        out.append("    hookName: createContainer\n    path: /usr/bin/nvidia-cdi-hook\n")
+    out.append("  mounts:\n")
     for lib in driver_libs(driver):
         out.append(
             f"  - containerPath: {lib}\n    hostPath: {lib}\n    options:\n"
             "    - ro\n    - nosuid\n    - nodev\n    - bind\n"
         )
     out.append("devices:\n")
-    names: list[tuple[str, list[int]]] = [(f'"{i}"', [i]) for i in range(len(gpus))]
-    names += [(g.uuid, [i]) for i, g in enumerate(gpus)]
+    names: list[tuple[str, list[int]]] = []
+    for i, g in enumerate(gpus):
+        names += [(f'"{i}"', [i]), (g.uuid, [i])]
     names.append(("all", list(range(len(gpus)))))
     for name, idx in names:
         out.append("- containerEdits:\n    deviceNodes:\n")
@@ -302,7 +316,9 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
         0,
     )
     p = [p100(0, P100_UUIDS[0])]
-    mixed = [p100(0, P100_UUIDS[0]), p100(1, P100_UUIDS[1]), t4(2, T4_UUID)]
+    # the second P100 is nearly full, as in tests/fixtures/nvidia-smi/mixed-p100-t4-driver-535
+    p100_busy = dataclasses.replace(p100(1, P100_UUIDS[1]), used=15876)
+    mixed = [p100(0, P100_UUIDS[0]), p100_busy, t4(2, T4_UUID)]
     d535, d515, d580, d_old = "535.183.01", "515.105.01", "580.159.04", "535.104.05"
 
     def smi(gpus: list[Gpu], driver: str, plain: str) -> dict[str, str]:

@@ -179,11 +179,12 @@ def profile_files(name: str) -> dict[str, tuple[bytes, int]]:
             if p.is_file():
                 mode = 0o755 if os.access(p, os.X_OK) else 0o644
                 files["/" + p.relative_to(root).as_posix()] = (p.read_bytes(), mode)
-    for script, dest in (
-        ("nvidia-smi", "/usr/bin/nvidia-smi"),
-        ("nvidia-ctk", "/usr/bin/nvidia-ctk"),
+    for script, dest, flag in (
+        ("nvidia-smi", "/usr/bin/nvidia-smi", "nvidia_smi"),
+        ("nvidia-ctk", "/usr/bin/nvidia-ctk", "nvidia_ctk"),
+        ("nvidia-cdi-hook", "/usr/bin/nvidia-cdi-hook", "nvidia_ctk"),
     ):
-        if meta.get(script.replace("-", "_"), False):
+        if meta.get(flag, False):
             files[dest] = ((STANDIN_DIR / script).read_bytes(), 0o755)
     files[PROFILE_NAME_FILE] = (f"{name}\n".encode(), 0o644)
     manifest = "".join(f"{p}\n" for p in sorted(files) if p != MANIFEST) + f"{MANIFEST}\n"

@@ -414,9 +414,10 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
             try:
                 while sent < length:
                     n = CHUNK if limit is None or sent >= limit else min(CHUNK, limit - sent)
-                    self.wfile.write(body[sent : sent + n])
-                    sent += n
-                    server._count(key, bytes_sent=n)
+                    chunk = body[sent : sent + n]
+                    self.wfile.write(chunk)
+                    sent += len(chunk)
+                    server._count(key, bytes_sent=len(chunk))
                     if limit is not None and sent >= limit and fault is not None:
                         if fault.kind == "drop":
                             self.wfile.flush()

@@ -35,7 +35,7 @@ BOOT_TIMEOUT=${BOOT_TIMEOUT:-90}          # seconds for all hosts to answer SSH
 DEBOOTSTRAP_TIMEOUT=${DEBOOTSTRAP_TIMEOUT:-900}
 
 TRIXIE_PKGS=systemd,systemd-sysv,dbus,openssh-server,podman,crun,netavark,aardvark-dns,nftables,iproute2,curl,ca-certificates,catatonit,openssl,coreutils,procps
-BOOKWORM_PKGS=systemd,systemd-sysv,dbus,openssh-server,podman,crun,netavark,aardvark-dns,iptables,iproute2,curl,ca-certificates,catatonit,openssl,coreutils,procps
+BOOKWORM_PKGS=systemd,systemd-sysv,dbus,openssh-server,podman,crun,runc,netavark,aardvark-dns,iptables,iproute2,curl,ca-certificates,catatonit,openssl,coreutils,procps
 HOST_PKGS="podman crun runc uidmap catatonit skopeo docker-registry openssh-client debootstrap
   systemd-container iproute2 curl nftables openssl ca-certificates"
 
@@ -276,10 +276,17 @@ pids_limit = 0
 firewall_driver = "nftables"
 EOF
   else
-    cat > "$root/etc/containers/containers.conf" <<'EOF'
+    # podman 4.3 raises RLIMIT_NOFILE/NPROC past the hard limits and crun 1.8 insists on raising
+    # RLIMIT_MEMLOCK for its eBPF device filter: without CAP_SYS_RESOURCE (the outer VM has
+    # none) both fail, so legacy1 uses runc and ulimits within the inherited hard limits
+    cat > "$root/etc/containers/containers.conf" <<EOF
 # tensorless test host (systemd-nspawn guest, podman 4.3)
 [containers]
 pids_limit = 0
+default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=4096:4096"]
+
+[engine]
+runtime = "runc"
 
 [network]
 network_backend = "netavark"
