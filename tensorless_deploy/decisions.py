@@ -144,6 +144,14 @@ class Options:
 
 
 @dataclass(frozen=True)
+class Existing:
+    """What tensorless-deploy already put on the host for this recipe."""
+
+    unit_present: bool = False  # its own unit: the port it holds is not "taken"
+    model_present: bool = False  # the model file is there: no disk space needed
+
+
+@dataclass(frozen=True)
 class Verdict:
     """Every check for one host (and one recipe, or none), in a fixed order."""
 
@@ -370,8 +378,10 @@ def _systemd_check(facts: HostFacts, options: Options) -> list[Check]:
     )]  # fmt: skip
 
 
-def _disk_check(facts: HostFacts, recipe: Recipe, options: Options) -> list[Check]:
+def _disk_check(facts: HostFacts, recipe: Recipe, existing: Existing) -> list[Check]:
     d = facts.disk
+    if existing.model_present:
+        return [Check("disk.model", "ok", "the model file is already on the host")]
     if d is None:
         return []
     need = recipe.model.size_bytes + DISK_MARGIN_BYTES
@@ -387,13 +397,15 @@ def _disk_check(facts: HostFacts, recipe: Recipe, options: Options) -> list[Chec
     )]  # fmt: skip
 
 
-def _port_check(facts: HostFacts, options: Options) -> list[Check]:
+def _port_check(facts: HostFacts, options: Options, existing: Existing) -> list[Check]:
     taken = facts.port_taken(options.port, options.bind)
     if taken is None:
         return []
     where = f"{options.bind}:{options.port}"
     if not taken:
         return [Check("port.free", "ok", f"{where} is free")]
+    if existing.unit_present:
+        return [Check("port.free", "ok", f"{where} is held by this recipe's own unit")]
     by = ", ".join(f"{t.address}:{t.port}" for t in taken)
     return [Check(
         "port.free", "fail", f"{where} is taken (listening: {by})",
@@ -407,6 +419,7 @@ def host_verdict(
     recipe: Recipe | None,
     options: Options,
     catalog: Sequence[tuple[str, Recipe]] = (),
+    existing: Existing = Existing(),
 ) -> Verdict:
     """Every check, in order. Without a recipe: readiness, and which catalog recipes fit."""
     checks: list[Check] = [Check(p.split(":", 1)[0] + ".read", "warn", p) for p in facts.problems]
@@ -430,8 +443,8 @@ def host_verdict(
         checks += _toolkit_checks(facts, engine, uuids)
     checks += _selinux_check(facts)
     if recipe is not None:
-        checks += _disk_check(facts, recipe, options)
-    checks += _port_check(facts, options)
+        checks += _disk_check(facts, recipe, existing)
+    checks += _port_check(facts, options, existing)
     if facts.cpus is not None:
         checks.append(Check("cpu.count", "ok", f"{facts.cpus} CPUs"))
     servable: tuple[str, ...] = ()

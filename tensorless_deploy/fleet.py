@@ -6,6 +6,7 @@ becomes one outcome with its SSH error, and the others still report.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,16 +80,22 @@ def load_inventory(path: str | None, local: bool) -> Any:
         raise UsageError("say which hosts: -i INVENTORY or --local")
     if not Path(path).exists() and "," not in path and "@" not in path:
         raise UsageError(f"{path}: no such inventory file", fix="pass -i FILE.py or --local")
+    from click import ClickException
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
-    from pyinfra_cli.exceptions import CliError
     from pyinfra_cli.inventory import make_inventory
 
     # pyinfra executes inventory files inside a state context, as its own CLI does.
     try:
         with ctx_state.use(State(check_for_changes=False)):
             return make_inventory(path)
-    except (CliError, SyntaxError, ImportError, OSError) as exc:
+    except ClickException as exc:
+        # An inventory is the operator's own Python: whatever it raised is reported as theirs.
+        cause = getattr(exc, "exception", None) or exc.__cause__ or exc
+        raise InventoryError(
+            f"{path}: cannot load the inventory: {type(cause).__name__}: {cause}"
+        ) from exc
+    except (SyntaxError, ImportError, OSError) as exc:
         raise InventoryError(f"{path}: cannot load the inventory: {exc}") from exc
 
 
@@ -128,17 +135,25 @@ def _connect(host: Any) -> str | None:
 
 
 def survey_hosts(
-    inventory: Any, hosts: Sequence[Any], base: Options
+    state: Any,
+    hosts: Sequence[Any],
+    base: Options,
+    *,
+    keep_connected: bool = False,
+    override: dict[str, Any] | None = None,
 ) -> list[HostOutcome]:
-    """Connect to each host and read its facts, all hosts in parallel; nothing is changed."""
+    """Connect to each host and read its facts, all hosts in parallel; nothing is changed.
+    With keep_connected, the connections stay open for operations that follow."""
     import gevent
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_host, ctx_state
 
     from tensorless_deploy.facts.host import HostSurvey
 
-    state = new_state(inventory)
-    options = {h.name: options_for(h.name, h.data, base) for h in hosts}
+    options = {
+        h.name: dataclasses.replace(options_for(h.name, h.data, base), **(override or {}))
+        for h in hosts
+    }  # the command line's explicit --port / --bind win over host data
 
     def one(host: Any) -> HostOutcome:
         opts = options[host.name]
@@ -160,6 +175,19 @@ def survey_hosts(
     try:
         return [job.get() for job in jobs]
     finally:
-        for host in hosts:
-            if host.connected:
-                host.disconnect()
+        if not keep_connected:
+            disconnect(hosts)
+
+
+def disconnect(hosts: Sequence[Any]) -> None:
+    for host in hosts:
+        if host.connected:
+            host.disconnect()
+
+
+def host_fact(state: Any, host: Any, fact: Any, **kwargs: Any) -> Any:
+    """One fact from one connected host, outside of any operation."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    with ctx_state.use(state), ctx_host.use(host):
+        return host.get_fact(fact, **kwargs)

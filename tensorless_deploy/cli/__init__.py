@@ -77,6 +77,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
                    help="serving address to check (default 127.0.0.1)")  # fmt: skip
     _recipes_flag(p)
+
+    p = command("deploy", "serve a recipe on every matching host: image by digest, verified "
+                "model, systemd unit, /health", "deploy_cmd:cmd_deploy")  # fmt: skip
+    p.add_argument("-i", "--inventory", required=True, metavar="INVENTORY",
+                   help="pyinfra inventory file (see inventories/example.py)")  # fmt: skip
+    p.add_argument("--limit", action="append", metavar="HOST",
+                   help="only this host (repeatable)")  # fmt: skip
+    p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+    p.add_argument("--dry", action="store_true", help="show what would change; change nothing")
+    p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
+    p.add_argument("--context", type=int, metavar="N",
+                   help="context instead of the recipe's (marks the run untuned)")  # fmt: skip
+    p.add_argument("--port", type=int, metavar="N",
+                   help="API port (default: the host's tensorless_port, else 8080)")  # fmt: skip
+    p.add_argument("--bind", metavar="ADDR",
+                   help="API address (default: tensorless_bind, else 127.0.0.1)")  # fmt: skip
+    p.add_argument("extra", nargs=argparse.REMAINDER, metavar="-- EXTRA_LLAMA_ARGS",
+                   help="more llama-server args after -- (marks the run untuned)")  # fmt: skip
+    _recipes_flag(p)
     return parser
 
 

@@ -9,7 +9,7 @@ from tensorless_deploy.cli.catalog_cmds import catalog_from
 from tensorless_deploy.cli.output import emit_json, paint, table
 from tensorless_deploy.decisions import Options
 from tensorless_deploy.doctor import HostReport, host_report, report_json
-from tensorless_deploy.fleet import load_inventory, select_hosts, survey_hosts
+from tensorless_deploy.fleet import load_inventory, new_state, select_hosts, survey_hosts
 
 MARK = {"ok": ("ok", "32"), "warn": ("warn", "33"), "fail": ("FAIL", "1;31")}
 DETAIL_ALL_UP_TO = 4  # hosts; beyond this, one line per host and details for failures only
@@ -49,7 +49,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                    local=args.local)  # fmt: skip
     inventory = load_inventory(args.inventory, args.local)
     hosts = select_hosts(inventory, args.limit or [])
-    outcomes = survey_hosts(inventory, hosts, base)
+    outcomes = survey_hosts(new_state(inventory), hosts, base)
     reports = [host_report(o, catalog, args.models) for o in outcomes]
     if args.json:
         emit_json(report_json(reports))

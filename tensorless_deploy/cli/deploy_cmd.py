@@ -1,0 +1,82 @@
+"""deploy: converge hosts to serve a recipe under systemd, health-gated."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tensorless_deploy.cli.catalog_cmds import catalog_from
+from tensorless_deploy.cli.output import emit_json, paint
+from tensorless_deploy.decisions import Options
+from tensorless_deploy.deployer import DeployRequest, HostResult, deploy
+from tensorless_deploy.fleet import load_inventory, select_hosts
+
+COLOURS = {"changed": "33", "unchanged": "32", "no change": "32", "would change": "33",
+           "failed": "1;31", "skipped": "1;31"}  # fmt: skip
+
+
+def hf_token() -> str | None:
+    """The Hub token as huggingface_hub finds it (HF_TOKEN, or the stored login)."""
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def result_json(r: HostResult) -> dict[str, Any]:
+    return {
+        "host": r.host, "outcome": r.outcome, "ok": r.ok, "reason": r.reason,
+        "recipe": r.recipe, "recipe_digest": r.recipe_digest, "card": r.card,
+        "address": r.address,
+        "tuned": None if r.tuning is None else r.tuning.tuned,
+        "untuned_reasons": [] if r.tuning is None else list(r.tuning.reasons),
+        "failed_checks": [{"id": c.id, "evidence": c.evidence, "fix": c.fix}
+                          for c in r.failed_checks],
+        "steps": [{"name": s.name, "outcome": s.outcome, "output": list(s.output)}
+                  for s in r.steps],
+    }  # fmt: skip
+
+
+def print_results(results: list[HostResult], verbose: int) -> None:
+    for r in results:
+        head = f"{r.host}: {paint(r.outcome, COLOURS.get(r.outcome, '0'))}"
+        if r.card:
+            head += f"  {r.recipe}"
+        if r.address and r.ok:
+            head += f"  serving on {r.address}"
+        print(head)
+        if r.tuning is not None and not r.tuning.tuned:
+            print("  " + paint("untuned", "33") + ": " + "; ".join(r.tuning.reasons)
+                  + " (the receipt's numbers do not apply)")  # fmt: skip
+        if r.reason and not r.ok:
+            print(f"  {r.reason}")
+        for c in r.failed_checks:
+            if c.fix:
+                print(f"  fix {c.id}: {c.fix}")
+        for s in r.steps:
+            if s.outcome == "failed" or verbose:
+                print(f"  {s.name}: {s.outcome}")
+                for line in s.output if (s.outcome == "failed" or verbose > 1) else ():
+                    print(f"    {line}")
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    catalog = catalog_from(args)
+    catalog.find(args.model)
+    base = Options(allow_draft=args.allow_draft)
+    override = {k: v for k, v in (("port", args.port), ("bind", args.bind)) if v is not None}
+    inventory = load_inventory(args.inventory, False)
+    hosts = select_hosts(inventory, args.limit or [])
+    extra = tuple(a for a in args.extra if a != "--")
+    request = DeployRequest(args.model, base, args.context, extra, args.dry,
+                            None if args.dry else hf_token(), override)  # fmt: skip
+    results = deploy(inventory, hosts, catalog, request)
+    if args.json:
+        emit_json({"ok": all(r.ok for r in results), "hosts": [result_json(r) for r in results]})
+    else:
+        print_results(results, args.verbose)
+        bad = [r.host for r in results if not r.ok]
+        print(f"{len(results) - len(bad)} of {len(results)} host(s) serving"
+              + (f"; failed or skipped: {', '.join(bad)}" if bad else ""),
+              file=sys.stderr)  # fmt: skip
+    return 0 if all(r.ok for r in results) else 1

@@ -1,0 +1,205 @@
+"""deploy: survey every host, refuse those that fail preflight, plan the rest, converge them in
+parallel with pyinfra, and report per host. Also the shared plumbing of serve, status and stop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tensorless_deploy.decisions import (
+    Check,
+    EngineName,
+    Existing,
+    Options,
+    Tuning,
+    choose_recipe,
+    host_verdict,
+    no_card_verdict,
+)
+from tensorless_deploy.fleet import HostOutcome, disconnect, host_fact, new_state, survey_hosts
+from tensorless_deploy.hfcache import cache_paths, resolve_url
+from tensorless_deploy.launch import build_launch_spec, unit_name
+from tensorless_deploy.recipe.catalog import Catalog, Entry
+from tensorless_deploy.render import QUADLET_DIR, SYSTEMD_DIR, render_quadlet, render_service
+
+Outcome = Literal["changed", "unchanged", "failed", "skipped", "would change", "no change"]
+ENGINE_BINS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    name: str
+    outcome: str  # changed, unchanged, failed, not run
+    output: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostResult:
+    host: str
+    outcome: Outcome
+    reason: str | None = None
+    recipe: str | None = None
+    recipe_digest: str | None = None
+    card: str | None = None
+    address: str | None = None
+    tuning: Tuning | None = None
+    failed_checks: tuple[Check, ...] = ()
+    steps: tuple[StepResult, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome not in ("failed", "skipped")
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    model: str
+    base: Options
+    context: int | None = None
+    extra_args: tuple[str, ...] = ()
+    dry: bool = False
+    token: str | None = None
+    override: dict[str, Any] = field(default_factory=dict)  # explicit --port / --bind
+
+
+def _existing(state: Any, host: Any, entry: Entry, options: Options) -> Existing:
+    from tensorless_deploy.ops.facts import FileSha256, ModelBlob
+
+    name = unit_name(entry.recipe)
+    unit = any(
+        host_fact(state, host, FileSha256, path=p) is not None
+        for p in (f"{QUADLET_DIR}/{name}.container", f"{SYSTEMD_DIR}/{name}.service")
+    )
+    paths = cache_paths(options.models_dir, entry.recipe)
+    blob = host_fact(state, host, ModelBlob, blob=paths.blob, stamp=paths.stamp,
+                     snapshot=paths.snapshot)  # fmt: skip
+    return Existing(unit_present=unit, model_present=blob.exists)
+
+
+def plan_host(outcome: HostOutcome, entry: Entry, engine: str, request: DeployRequest,
+              gpu_uuids: Sequence[str]) -> Any:  # fmt: skip
+    """The launch spec, unit and model paths for one host that passed preflight."""
+    from tensorless_deploy.ops.deploy import HostPlan
+
+    facts = outcome.facts
+    assert facts is not None and facts.engines is not None
+    options = outcome.options
+    recipe = entry.recipe
+    paths = cache_paths(options.models_dir, recipe)
+    eng: EngineName = "podman" if engine == "podman" else "docker"
+    spec = build_launch_spec(
+        recipe, engine=eng, model_path=paths.blob, gpu_uuids=gpu_uuids, cpus=facts.cpus,
+        port=options.port, bind=options.bind, context=request.context,
+        extra_args=request.extra_args,
+    )  # fmt: skip
+    podman = facts.engines.podman
+    if eng == "podman" and podman.quadlet_supported:
+        unit = render_quadlet(spec, digest=entry.digest,
+                              notify_healthy=podman.notify_healthy_supported)  # fmt: skip
+        quadlet_bin = podman.quadlet_path
+    else:
+        unit = render_service(spec, digest=entry.digest, engine_bin=ENGINE_BINS[eng])
+        quadlet_bin = None
+    return HostPlan(
+        host=outcome.name, recipe_path=entry.path, recipe_digest=entry.digest, spec=spec,
+        unit=unit, engine_bin=ENGINE_BINS[eng], quadlet_bin=quadlet_bin, paths=paths,
+        url=resolve_url(recipe), sha256=recipe.model.sha256, size=recipe.model.size_bytes,
+    )  # fmt: skip
+
+
+def _meta_lines(meta: Any) -> tuple[str, ...]:
+    return tuple(line for line in (meta.stdout + "\n" + meta.stderr).splitlines() if line)
+
+
+def _step_results(metas: dict[str, Any], dry: bool) -> tuple[StepResult, ...]:
+    out = []
+    for name, meta in metas.items():
+        if dry:
+            out.append(StepResult(name, "would change" if meta.will_change else "no change"))
+            continue
+        if not meta.is_complete():
+            out.append(StepResult(name, "not run"))
+        elif meta.did_error():
+            out.append(StepResult(name, "failed", _meta_lines(meta)))
+        elif not meta.executed:
+            out.append(StepResult(name, "skipped"))
+        else:
+            outcome = "changed" if meta.did_change() else "unchanged"
+            out.append(StepResult(name, outcome, _meta_lines(meta)))
+    return tuple(out)
+
+
+def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
+           request: DeployRequest) -> list[HostResult]:  # fmt: skip
+    """Converge every host to serve request.model; the per-host result says what happened."""
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+
+    from tensorless_deploy.ops.deploy import serve_recipe
+
+    entries = catalog.find(request.model)
+    state = new_state(inventory)
+    outcomes = survey_hosts(state, hosts, request.base, keep_connected=True,
+                            override=request.override)  # fmt: skip
+    by_name = {h.name: h for h in hosts}
+    results: dict[str, HostResult] = {}
+    plans: dict[str, Any] = {}
+    try:
+        for o in outcomes:
+            if o.facts is None:
+                results[o.name] = HostResult(o.name, "failed", o.error)
+                continue
+            recipe = choose_recipe([e.recipe for e in entries], o.facts)
+            if recipe is None:
+                v = no_card_verdict(entries[0].recipe.model.hf_repo, [e.recipe for e in entries],
+                                    o.facts, o.options)  # fmt: skip
+                results[o.name] = HostResult(o.name, "skipped", _why(v.failed()),
+                                             failed_checks=v.failed())  # fmt: skip
+                continue
+            entry = next(e for e in entries if e.recipe is recipe)
+            existing = _existing(state, by_name[o.name], entry, o.options)
+            verdict = host_verdict(o.facts, recipe, o.options, existing=existing)
+            if not verdict.ok or verdict.engine is None or verdict.match is None:
+                results[o.name] = HostResult(
+                    o.name, "skipped", _why(verdict.failed()), entry.path, entry.digest,
+                    recipe.card.id, failed_checks=verdict.failed(),
+                )  # fmt: skip
+                continue
+            plans[o.name] = plan_host(o, entry, verdict.engine, request, verdict.match.uuids)
+
+        steps: dict[str, dict[str, Any]] = {}
+        if plans:
+            state.set_stage(StateStage.Prepare)
+            for name, plan in plans.items():
+                add_deploy(state, serve_recipe, plan, request.token, steps, host=by_name[name])
+            if not request.dry:
+                state.set_stage(StateStage.Execute)
+                run_ops(state)
+        for name, plan in plans.items():
+            step_results = _step_results(steps.get(name, {}), request.dry)
+            failed = [s for s in step_results if s.outcome == "failed"]
+            if request.dry:
+                changing = any(s.outcome == "would change" for s in step_results)
+                outcome: Outcome = "would change" if changing else "no change"
+            elif failed:
+                outcome = "failed"
+            else:
+                changed = any(s.outcome == "changed" for s in step_results)
+                outcome = "changed" if changed else "unchanged"
+            reason = f"{failed[0].name} failed" if failed else None
+            bind = plan.spec.bind
+            results[name] = HostResult(
+                name, outcome, reason, plan.recipe_path, plan.recipe_digest,
+                plan.recipe_path.rsplit("/", 1)[-1].removesuffix(".toml"),
+                f"{'[' + bind + ']' if ':' in bind else bind}:{plan.spec.port}",
+                plan.spec.tuning, (), step_results,
+            )  # fmt: skip
+    finally:
+        disconnect(hosts)
+    return [results[h.name] for h in hosts]
+
+
+def _why(checks: Sequence[Check]) -> str:
+    return "; ".join(f"{c.id}: {c.evidence}" for c in checks) or "refused"

@@ -1,0 +1,58 @@
+"""The @deploy that serves one recipe on one host, from a plan the controller made for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api.deploy import deploy
+from pyinfra.context import host
+
+from tensorless_deploy.hfcache import CachePaths
+from tensorless_deploy.launch import LaunchSpec
+from tensorless_deploy.ops.operations import image_pulled, model_file, serving, unit_installed
+from tensorless_deploy.render import UnitFile
+
+STEPS = ("image", "model", "unit", "restart", "serving")
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Everything one host needs, decided on the controller before any command runs."""
+
+    host: str
+    recipe_path: str
+    recipe_digest: str
+    spec: LaunchSpec
+    unit: UnitFile
+    engine_bin: str
+    quadlet_bin: str | None
+    paths: CachePaths
+    url: str
+    sha256: str
+    size: int
+
+
+@deploy("tensorless-deploy: serve a recipe")
+def serve_recipe(plan: HostPlan, token: str | None, steps: dict[str, dict[str, Any]]) -> None:
+    """image by digest -> verified model -> unit -> (re)start -> /health, each step's
+    OperationMeta kept in steps[host][name] for the report."""
+    metas: dict[str, Any] = {}
+    metas["image"] = image_pulled(
+        name="engine image by digest", engine_bin=plan.engine_bin, image=plan.spec.image
+    )
+    metas["model"] = model_file(
+        name="model file, sha256-verified", paths=plan.paths, url=plan.url,
+        sha256=plan.sha256, size=plan.size, token=token,
+    )  # fmt: skip
+    unit = unit_installed(name="unit file", unit=plan.unit, quadlet_bin=plan.quadlet_bin)
+    metas["unit"] = unit
+    metas["restart"] = serving(
+        name="restart and /health", unit=plan.unit, health_url=plan.spec.health_url,
+        timeout_s=plan.spec.start_timeout_s, restart=True, _if=unit.did_change,
+    )  # fmt: skip
+    metas["serving"] = serving(
+        name="running and /health", unit=plan.unit, health_url=plan.spec.health_url,
+        timeout_s=plan.spec.start_timeout_s, restart=False, _if=unit.did_not_change,
+    )  # fmt: skip
+    steps[host.name] = metas

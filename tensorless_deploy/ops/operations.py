@@ -1,0 +1,216 @@
+"""pyinfra operations that serve a recipe: each reads facts, then yields commands or a noop
+saying why nothing was needed. They never print or connect themselves."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import shlex
+from collections.abc import Generator
+from io import StringIO
+from typing import Any
+
+from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from tensorless_deploy.hfcache import CachePaths
+from tensorless_deploy.ops.facts import FileSha256, HttpStatus, ImagePresent, ModelBlob
+from tensorless_deploy.render import UnitFile
+
+SECRETS_DIR = "/run/tensorless"
+# Hash with OpenSSL where the host has it: six times faster than coreutils sha256sum (FIELD.md).
+HASH = '(openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d" " -f1'
+DOWNLOAD_ATTEMPTS = 5
+
+Commands = Generator[Any, None, None]
+
+
+def _sh(script: str, **params: str | int) -> StringCommand:
+    """A POSIX-sh script with its parameters bound as shell variables, each one quoted."""
+    binds = "".join(f"{k}={shlex.quote(str(v))}\n" for k, v in params.items())
+    return StringCommand("sh -c " + shlex.quote("set -u\n" + binds + script))
+
+
+@operation(is_idempotent=True)
+def image_pulled(engine_bin: str, image: str) -> Commands:
+    """The engine image, by digest: pulled once, noop when the engine has it."""
+    if host.get_fact(ImagePresent, engine_bin=engine_bin, image=image):
+        host.noop(f"image {image.rpartition('@')[2][:19]} already present")
+        return
+    yield StringCommand(shlex.quote(engine_bin), "pull", "-q", shlex.quote(image))
+
+
+_VERIFY = """
+hashit() { @HASH@; }
+got=$(hashit "$blob")
+if [ "$got" != "$sha" ]; then
+  rm -f "$blob" "$stamp"
+  echo "model file $blob has sha256 $got, not $sha: removed it; run deploy again" >&2
+  exit 1
+fi
+""".replace("@HASH@", HASH)
+
+_DOWNLOAD = """
+hashit() { @HASH@; }
+umask 022
+mkdir -p "$(dirname "$blob")" "$(dirname "$stamp")" "$(dirname "$snapshot")"
+have=$(stat -c %s "$partial" 2>/dev/null || echo 0)
+[ "$have" -le "$size" ] || { rm -f "$partial"; have=0; }
+start=$have
+n=0
+while [ "$have" -lt "$size" ] && [ "$n" -lt @ATTEMPTS@ ]; do
+  n=$((n + 1))
+  if [ -n "$auth" ]; then
+    curl -fsSL --connect-timeout 10 --speed-limit 1024 --speed-time 60 -C - -H "@$auth" \\
+      -o "$partial" "$url" || echo "curl exit $? (attempt $n), resuming" >&2
+  else
+    curl -fsSL --connect-timeout 10 --speed-limit 1024 --speed-time 60 -C - \\
+      -o "$partial" "$url" || echo "curl exit $? (attempt $n), resuming" >&2
+  fi
+  have=$(stat -c %s "$partial" 2>/dev/null || echo 0)
+done
+[ -n "$auth" ] && rm -f "$auth"
+if [ "$have" -ne "$size" ]; then
+  echo "download of $url stopped at $have of $size bytes after $n attempts;" \
+    "run deploy again to resume" >&2
+  exit 1
+fi
+got=$(hashit "$partial")
+if [ "$got" != "$sha" ]; then
+  rm -f "$partial"
+  echo "downloaded file has sha256 $got, not $sha: refused and deleted" >&2
+  exit 1
+fi
+mv -f "$partial" "$blob"
+echo "downloaded $((size - start)) bytes (resumed from $start), sha256 verified"
+""".replace("@HASH@", HASH).replace("@ATTEMPTS@", str(DOWNLOAD_ATTEMPTS))
+
+_STAMP_AND_LINK = """
+mkdir -p "$(dirname "$stamp")" "$(dirname "$snapshot")"
+ln -sfn "$target" "$snapshot"
+echo "$(stat -c '%s %Y' "$blob")" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
+"""
+
+
+@operation(is_idempotent=True)
+def model_file(
+    paths: CachePaths, url: str, sha256: str, size: int, token: str | None = None
+) -> Commands:
+    """The GGUF in the Hugging Face cache layout: downloaded with resume through a partial
+    file, sha256-verified before it is renamed into place, not hashed again while its size and
+    mtime match the stamp left by the last verification."""
+    state = host.get_fact(ModelBlob, blob=paths.blob, stamp=paths.stamp, snapshot=paths.snapshot)
+    params: dict[str, str | int] = dict(
+        blob=paths.blob, stamp=paths.stamp, snapshot=paths.snapshot, target=paths.link_target,
+        partial=paths.partial, sha=sha256, size=size, url=url,
+    )  # fmt: skip
+    if state.verified:
+        if state.link == paths.link_target:
+            host.noop(f"model {sha256[:12]} verified earlier; size and mtime unchanged")
+            return
+        yield _sh(_STAMP_AND_LINK, **params)
+        return
+    if state.exists:
+        yield _sh(_VERIFY + _STAMP_AND_LINK, **params)
+        return
+    auth = ""
+    if token:
+        # The token travels as a file read by curl -H @file: never in argv, units or logs.
+        auth = posixpath.join(SECRETS_DIR, f"hf-auth-{sha256[:16]}")
+        yield StringCommand("install", "-d", "-m", "700", SECRETS_DIR)
+        yield FileUploadCommand(StringIO(f"Authorization: Bearer {token}\n"), auth)
+        yield StringCommand("chmod", "600", auth)
+    yield _sh(_DOWNLOAD + _STAMP_AND_LINK, auth=auth, **params)
+
+
+@operation(is_idempotent=True)
+def unit_installed(unit: UnitFile, quadlet_bin: str | None = None) -> Commands:
+    """Write the unit only when its content changed: to a temporary name, checked by quadlet
+    -dryrun where it is a quadlet, the old one kept for a restore, then renamed into place."""
+    want = hashlib.sha256(unit.content.encode()).hexdigest()
+    if host.get_fact(FileSha256, path=unit.path) == want:
+        host.noop(f"{unit.path} unchanged")
+        return
+    directory, name = posixpath.split(unit.path)
+    new = posixpath.join(directory, f".{name}.tensorless-new")
+    yield StringCommand("mkdir", "-p", directory)
+    yield FileUploadCommand(StringIO(unit.content), new)
+    if unit.kind == "quadlet" and quadlet_bin:
+        yield _sh(
+            'd=$(mktemp -d) && cp "$new" "$d/$name" && '
+            'QUADLET_UNIT_DIRS="$d" "$quadlet" -dryrun >/dev/null 2>"$d/err"; rc=$?\n'
+            'if [ $rc -ne 0 ]; then cat "$d/err" >&2; rm -rf "$d" "$new"; '
+            'echo "quadlet refused the new unit; the old one is untouched" >&2; exit 1; fi\n'
+            'rm -rf "$d"',
+            new=new, name=name, quadlet=quadlet_bin,
+        )  # fmt: skip
+    yield _sh(
+        'if [ -f "$path" ]; then cp -p "$path" "$path.tensorless-prev"; '
+        'else rm -f "$path.tensorless-prev"; fi\nmv -f "$new" "$path"',
+        path=unit.path, new=new,
+    )  # fmt: skip
+
+
+_ACTIVATE = """
+poll() {  # until /health answers 200, the unit fails, or the deadline passes
+  deadline=$(( $(date +%s) + $1 ))
+  while :; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" 2>/dev/null || true)
+    [ "$code" = 200 ] && return 0
+    st=$(systemctl is-active "$svc" 2>/dev/null || true)
+    if [ "$st" = failed ]; then last="unit failed"; return 1; fi
+    last="HTTP ${code:-000} (${st})"
+    [ "$(date +%s)" -ge "$deadline" ] && return 1
+    sleep 1
+  done
+}
+t0=$(date +%s)
+systemctl daemon-reload
+[ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
+systemctl "$verb" --no-block "$svc"
+if poll "$timeout"; then
+  rm -f "$path.tensorless-prev"
+  echo "$svc healthy after $(( $(date +%s) - t0 )) s at $url"
+  exit 0
+fi
+echo "$svc not healthy within $timeout s: $last. Last journal lines:" >&2
+journalctl -u "$svc" -n 30 --no-pager -o cat 2>&1 | sed 's/^/  | /' >&2
+if [ "$verb" = start ]; then
+  exit 1  # the unit did not change: nothing to restore, nothing to remove
+fi
+if [ -f "$path.tensorless-prev" ]; then
+  mv -f "$path.tensorless-prev" "$path"
+  systemctl daemon-reload
+  systemctl restart --no-block "$svc"
+  if poll "$timeout"; then
+    echo "restored the previous unit; it is healthy again" >&2
+  else
+    echo "restored the previous unit, but it is not healthy either: $last" >&2
+  fi
+else
+  systemctl stop "$svc" 2>/dev/null
+  [ "$kind" = service ] && systemctl disable -q "$svc" 2>/dev/null
+  rm -f "$path"
+  systemctl daemon-reload
+  echo "removed the new unit: nothing served here before it" >&2
+fi
+exit 1
+"""
+
+
+@operation()
+def serving(
+    unit: UnitFile, health_url: str, timeout_s: int, restart: bool
+) -> Commands:
+    """The service running and answering /health with 200 (503 "Loading model" and a refused
+    connection mean "still loading"); a new unit that fails is replaced by the previous one."""
+    if not restart:
+        code = host.get_fact(HttpStatus, url=health_url)
+        if code == 200:
+            host.noop(f"{unit.service} healthy at {health_url}")
+            return
+    yield _sh(
+        _ACTIVATE, svc=unit.service, url=health_url, timeout=timeout_s, path=unit.path,
+        kind=unit.kind, verb="restart" if restart else "start",
+    )  # fmt: skip
