@@ -358,11 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(base / "hosts.json")
         return 0
 
-    data = load_hosts_json(base) if (base / "hosts.json").is_file() else None
-    if data is not None:
-        hosts = {h["name"]: Host.from_json(h) for h in data["hosts"]}
-    else:  # during setup, before hosts.json exists: derive from the ssh config
-        hosts = _hosts_from_ssh_config(base)
+    # during setup hosts.json may be missing or stale: the ssh config lists every host
+    hosts = _hosts_from_ssh_config(base) if (base / "ssh" / "config").is_file() else {}
+    if (base / "hosts.json").is_file():
+        hosts.update({h["name"]: Host.from_json(h) for h in load_hosts_json(base)["hosts"]})
     if a.host not in hosts:
         print(f"unknown host {a.host!r} (have: {', '.join(sorted(hosts))})", file=sys.stderr)
         return 2

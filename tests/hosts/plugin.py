@@ -23,6 +23,7 @@ Function fixtures:
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import warnings
@@ -257,18 +258,28 @@ def reset_host_state(hosts_json: dict[str, Any], host: Host, *, images: bool = F
     if units:
         script.append(f"timeout 60 systemctl stop {' '.join(units)} || true")
         script.append(f"systemctl disable {' '.join(u for u in units)} >/dev/null 2>&1 || true")
+    # podman is slow to start (many hosts, 2 cores): only call it when its state has something
+    ctrs = "/var/lib/containers/storage/overlay-containers/containers.json"
     script += [
-        "timeout 60 podman pod rm -af -t 2 >/dev/null 2>&1 || true",
-        "timeout 60 podman rm -af -t 2 >/dev/null 2>&1 || true",
-        "timeout 30 podman network prune -f >/dev/null 2>&1 || true",
-        "timeout 30 podman volume prune -f >/dev/null 2>&1 || true",
+        f'if [ -s {ctrs} ] && [ "$(cat {ctrs})" != "[]" ]; then',
+        "  timeout 60 podman pod rm -af -t 2 >/dev/null 2>&1 || true",
+        "  timeout 60 podman rm -af -t 2 >/dev/null 2>&1 || true",
+        "fi",
+        "if ls /etc/containers/networks/*.json >/dev/null 2>&1; then",
+        "  timeout 30 podman network prune -f >/dev/null 2>&1 || true",
+        "fi",
+        'if [ -n "$(ls -A /var/lib/containers/storage/volumes 2>/dev/null)" ]; then',
+        "  timeout 30 podman volume prune -f >/dev/null 2>&1 || true",
+        "fi",
     ]
     if images:
         script.append("timeout 60 podman rmi -af >/dev/null 2>&1 || true")
     # deepest first so directories are empty when their turn comes
     for p in sorted(extra, key=lambda s: -s.count("/")):
         script.append(f"rm -rf -- '{p}'")
-    script += ["systemctl daemon-reload", "systemctl reset-failed || true"]
+    if extra:
+        script.append("systemctl daemon-reload")
+    script.append("systemctl reset-failed || true")
     ssh_run(host, "\n".join(script), timeout=180)
     apply_profile(host, str(host.extra.get("default_profile", host.profile)))
 
@@ -284,8 +295,9 @@ def reset_host(hosts_json: dict[str, Any], ssh: SshRunner) -> Callable[..., None
 @pytest.fixture
 def clean_hosts(hosts_json: dict[str, Any], test_hosts: dict[str, Host]) -> Iterator[None]:
     yield
-    for h in test_hosts.values():
-        reset_host_state(hosts_json, h)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        for f in [pool.submit(reset_host_state, hosts_json, h) for h in test_hosts.values()]:
+            f.result()
 
 
 @pytest.fixture
