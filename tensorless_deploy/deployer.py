@@ -122,8 +122,8 @@ def _step_results(metas: dict[str, Any], dry: bool) -> tuple[StepResult, ...]:
             out.append(StepResult(name, "not run"))
         elif meta.did_error():
             out.append(StepResult(name, "failed", _meta_lines(meta)))
-        elif not meta.executed:
-            out.append(StepResult(name, "skipped"))
+        elif not meta.executed:  # a noop, or a follow-up whose condition did not hold
+            out.append(StepResult(name, "unchanged"))
         else:
             outcome = "changed" if meta.did_change() else "unchanged"
             out.append(StepResult(name, outcome, _meta_lines(meta)))

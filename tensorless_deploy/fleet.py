@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +58,10 @@ def options_for(name: str, data: Any, base: Options) -> Options:
         raise InventoryError(f"{name}: {DATA_PORT}: must be a port number 1-65535 ({port!r})")
     if not isinstance(bind, str) or not bind:
         raise InventoryError(f"{name}: {DATA_BIND}: must be an IP address string ({bind!r})")
-    if not isinstance(models_dir, str) or not models_dir.startswith("/"):
+    if not isinstance(models_dir, str) or not re.fullmatch(r"/[A-Za-z0-9._/+-]*", models_dir):
         raise InventoryError(
-            f"{name}: {DATA_MODELS_DIR}: must be an absolute path ({models_dir!r})"
+            f"{name}: {DATA_MODELS_DIR}: must be an absolute path of letters, digits and "
+            f". _ / + - ({models_dir!r})"
         )
     if engine not in ("auto", "podman", "docker"):
         raise InventoryError(f"{name}: {DATA_ENGINE}: must be podman, docker or auto ({engine!r})")
@@ -160,6 +162,7 @@ def survey_hosts(
         error = _connect(host)
         if error is not None:
             return HostOutcome(host.name, opts, None, error, host.data)
+        state.activate_host(host)  # operations run only on activated hosts
         try:
             with ctx_state.use(state), ctx_host.use(host):
                 facts = host.get_fact(HostSurvey, models_dir=opts.models_dir)

@@ -17,6 +17,7 @@ from tensorless_deploy.recipe.catalog import recipe_digest
 from tensorless_deploy.recipe.model import Recipe
 
 MODEL_MOUNT_DIR = "/models"
+_PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
 LABEL_PREFIX = "io.tensorless"
 # Loading reads the whole file; budget a slow disk (50 MB/s) on top of a fixed two minutes.
 START_TIMEOUT_BASE_S = 120
@@ -97,7 +98,9 @@ def build_launch_spec(
     """The one way a recipe becomes a container, for deploy, serve and run alike."""
     threads = threads_for(recipe, cpus)
     tune = tuning(recipe, context, extra_args)
-    mount = posixpath.join(MODEL_MOUNT_DIR, posixpath.basename(recipe.model.file))
+    base = posixpath.basename(recipe.model.file)
+    # The mount point appears raw in a quadlet Volume=: keep it to plain characters.
+    mount = posixpath.join(MODEL_MOUNT_DIR, base if _PLAIN.fullmatch(base) else "model.gguf")
     server_args = (
         "-m", mount, "--host", bind, "--port", str(port),
         "-c", str(context if context is not None else recipe.run.context),

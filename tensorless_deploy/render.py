@@ -47,6 +47,20 @@ def sd_words(values: Iterable[object]) -> str:
 
 
 _SAFE_BINARY = re.compile(r"/[A-Za-z0-9/._-]+")
+_SAFE_RAW = re.compile(r"[A-Za-z0-9._/:=@+-]+")
+
+
+def sd_raw(value: object) -> str:
+    """A value for a quadlet key that takes its value raw (Volume=, AddDevice=): quadlet neither
+    unquotes nor escapes it, so only plain characters are allowed through."""
+    text = _checked(value)
+    if not _SAFE_RAW.fullmatch(text):
+        raise RenderError(
+            f"refusing {text!r} in a quadlet unit: only letters, digits and . _ / : = @ + - "
+            "are safe there",
+            fix="use a models directory path made of those characters",
+        )
+    return text
 
 
 def sd_command(words: Iterable[object]) -> str:
@@ -83,7 +97,7 @@ def _env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(
-        sd_word=sd_word, sd_words=sd_words, sd_value=sd_value, sd_command=sd_command,
+        sd_word=sd_word, sd_words=sd_words, sd_value=sd_value, sd_command=sd_command, sd_raw=sd_raw,
         sd_comment=sd_comment,
     )  # fmt: skip
     return env

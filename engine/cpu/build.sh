@@ -1,6 +1,7 @@
 #!/bin/bash
 # Build the CPU engine image rootfs tarball: Debian sid + the packaged llama.cpp (llama.cpp-tools,
-# CPU backend, llama-server). Never compiles llama.cpp.
+# CPU backend, llama-server) and curl, which every engine image carries for its /health check.
+# Never compiles llama.cpp.
 #   engine/cpu/build.sh OUT.tar [WORKDIR]
 # Env: MIRROR (default: the first URIs: of /etc/apt/sources.list.d/debian.sources),
 #      SUITE (default sid), DEBOOTSTRAP_TIMEOUT (seconds, default 900).
@@ -17,8 +18,8 @@ LOG=${LOG:-$(dirname "$OUT")/engine-cpu-debootstrap.log}
 command -v debootstrap >/dev/null || { echo "build.sh: debootstrap is not installed (apt-get install debootstrap)" >&2; exit 1; }
 
 rm -rf "$WORK"; mkdir -p "$WORK"
-echo "build.sh: debootstrap --variant=minbase --include=llama.cpp-tools $SUITE (log: $LOG)"
-if ! timeout "${DEBOOTSTRAP_TIMEOUT:-900}" debootstrap --variant=minbase --include=llama.cpp-tools \
+echo "build.sh: debootstrap --variant=minbase --include=llama.cpp-tools,curl $SUITE (log: $LOG)"
+if ! timeout "${DEBOOTSTRAP_TIMEOUT:-900}" debootstrap --variant=minbase --include=llama.cpp-tools,curl \
      "$SUITE" "$WORK" "$MIRROR" >"$LOG" 2>&1; then
   echo "build.sh: debootstrap of $SUITE failed or timed out; last lines of $LOG:" >&2
   tail -25 "$LOG" >&2; exit 1

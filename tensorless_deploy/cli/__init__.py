@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _recipes_flag(p)
 
     p = command("deploy", "serve a recipe on every matching host: image by digest, verified "
-                "model, systemd unit, /health", "deploy_cmd:cmd_deploy")  # fmt: skip
+                "model, systemd unit, /health (extra llama-server args after --, untuned)",
+                "deploy_cmd:cmd_deploy")  # fmt: skip
     p.add_argument("-i", "--inventory", required=True, metavar="INVENTORY",
                    help="pyinfra inventory file (see inventories/example.py)")  # fmt: skip
     p.add_argument("--limit", action="append", metavar="HOST",
@@ -93,8 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="API port (default: the host's tensorless_port, else 8080)")  # fmt: skip
     p.add_argument("--bind", metavar="ADDR",
                    help="API address (default: tensorless_bind, else 127.0.0.1)")  # fmt: skip
-    p.add_argument("extra", nargs=argparse.REMAINDER, metavar="-- EXTRA_LLAMA_ARGS",
-                   help="more llama-server args after -- (marks the run untuned)")  # fmt: skip
+    p.set_defaults(takes_extra=True)
     _recipes_flag(p)
     return parser
 
@@ -110,7 +110,16 @@ def _load_handler(spec: str) -> Handler:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare "--" is extra llama-server args, for the commands that take them.
+    extra: list[str] = []
+    if "--" in words:
+        at = words.index("--")
+        words, extra = words[:at], words[at + 1 :]
+    args = parser.parse_args(words)
+    if extra and not getattr(args, "takes_extra", False):
+        parser.error(f"{args.command} takes no extra llama-server args after --")
+    args.extra = extra
     try:
         return _load_handler(args.handler)(args)
     except RecipeError as exc:

@@ -67,7 +67,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     override = {k: v for k, v in (("port", args.port), ("bind", args.bind)) if v is not None}
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])
-    extra = tuple(a for a in args.extra if a != "--")
+    extra = tuple(args.extra)
     request = DeployRequest(args.model, base, args.context, extra, args.dry,
                             None if args.dry else hf_token(), override)  # fmt: skip
     results = deploy(inventory, hosts, catalog, request)

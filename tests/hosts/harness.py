@@ -218,10 +218,47 @@ tar -x -f - -C / --no-same-owner --no-overwrite-dir --keep-directory-symlink
 """
 
 
+NODES_FILE = f"{STATE_DIR}/profile.nodes"
+UVM_MAJOR = 238  # as the real H200 host showed (shared fixtures, host-facts.txt)
+
+
+def profile_device_nodes(name: str) -> list[tuple[str, int, int]]:
+    """The /dev/nvidia* nodes a host with this profile has: only where the driver is loaded
+    (nvidia-smi present and answering), one per GPU plus nvidiactl and the UVM pair."""
+    meta = profile_meta(name)
+    gpus = meta.get("gpus") or []
+    if not meta.get("nvidia_smi") or not gpus or meta.get("nvidia_smi_exit"):
+        return []
+    nodes = [(f"/dev/nvidia{i}", 195, i) for i in range(len(gpus))]
+    return [*nodes, ("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", UVM_MAJOR, 0),
+            ("/dev/nvidia-uvm-tools", UVM_MAJOR, 1)]  # fmt: skip
+
+
+def _nodes_script(nodes: list[tuple[str, int, int]]) -> str:
+    """Remove the previous profile's device nodes and /dev/char links, then make these. The
+    nodes only need to exist (doctor's facts); containers get /dev/zero through the CDI spec."""
+    lines = [
+        f"if [ -f {NODES_FILE} ]; then while IFS= read -r f; do rm -f -- \"$f\"; done "
+        f"< {NODES_FILE}; fi",
+        f": > {NODES_FILE}",
+        "mkdir -p /dev/char",
+    ]
+    for path, major, minor in nodes:
+        link = f"/dev/char/{major}:{minor}"
+        lines += [
+            f"mknod -m 666 {path} c {major} {minor}",
+            f"ln -sfn ../{path.removeprefix('/dev/')} {link}",
+            f"printf '%s\\n%s\\n' {path} {link} >> {NODES_FILE}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def apply_profile(host: Host, name: str, *, timeout: float = 60) -> None:
-    """Install GPU stand-in profile ``name`` on ``host`` over SSH (removes the previous first)."""
+    """Install GPU stand-in profile ``name`` on ``host`` over SSH (removes the previous first),
+    with the device nodes a host with that driver state has."""
     files = profile_files(name)
-    ssh_run(host, _APPLY_SCRIPT, input=_tar_of(files), text=False, timeout=timeout)
+    script = _APPLY_SCRIPT + _nodes_script(profile_device_nodes(name))
+    ssh_run(host, script, input=_tar_of(files), text=False, timeout=timeout)
 
 
 def current_profile(host: Host, *, timeout: float = 30) -> str | None:

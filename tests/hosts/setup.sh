@@ -132,7 +132,9 @@ for spec in "trixie:$TRIXIE_PKGS" "bookworm:$BOOKWORM_PKGS"; do
 done
 ENGINE_TAR=$BASE/engine/engine-cpu.tar
 rm -f "$BASE/run/engine.rc" "$BASE/run/engine.secs"
-if [ -s "$ENGINE_TAR" ] && [ -s "$ENGINE_TAR.info" ]; then
+BUILD_SHA=$(sha256sum "$REPO/engine/cpu/build.sh" | cut -d' ' -f1)
+# reuse the tar only when it was built by this very build script
+if [ -s "$ENGINE_TAR" ] && [ -s "$ENGINE_TAR.info" ] && [ "$(cat "$ENGINE_TAR.build-sha" 2>/dev/null)" = "$BUILD_SHA" ]; then
   echo "engine image tar: reusing $ENGINE_TAR"; echo 0 > "$BASE/run/engine.rc"; echo 0 > "$BASE/run/engine.secs"
 else
   echo "engine image: engine/cpu/build.sh in background (log: $LOGS/engine-build.log)"
@@ -140,7 +142,7 @@ else
     t0=$(now)
     if MIRROR=$MIRROR DEBOOTSTRAP_TIMEOUT=$DEBOOTSTRAP_TIMEOUT LOG=$LOGS/debootstrap-sid.log \
          bash "$REPO/engine/cpu/build.sh" "$ENGINE_TAR" "$BASE/engine/rootfs-sid" > "$LOGS/engine-build.log" 2>&1; then
-      rm -rf "$BASE/engine/rootfs-sid"; echo 0 > "$BASE/run/engine.rc"
+      rm -rf "$BASE/engine/rootfs-sid"; echo "$BUILD_SHA" > "$ENGINE_TAR.build-sha"; echo 0 > "$BASE/run/engine.rc"
     else echo 1 > "$BASE/run/engine.rc"; fi
     awk -v a="$t0" -v b="$(now)" 'BEGIN{printf "%.1f\n", b-a}' > "$BASE/run/engine.secs"
   ) & BG_PIDS+=($!)
