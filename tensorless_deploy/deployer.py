@@ -134,6 +134,7 @@ def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
            request: DeployRequest) -> list[HostResult]:  # fmt: skip
     """Converge every host to serve request.model; the per-host result says what happened."""
     from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
 
@@ -176,7 +177,12 @@ def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
                 add_deploy(state, serve_recipe, plan, request.token, steps, host=by_name[name])
             if not request.dry:
                 state.set_stage(StateStage.Execute)
-                run_ops(state)
+                try:
+                    run_ops(state)
+                except PyinfraError as exc:
+                    if "No hosts remaining" not in str(exc):
+                        raise  # pyinfra stops when every host failed: the report says why
+
         for name, plan in plans.items():
             step_results = _step_results(steps.get(name, {}), request.dry)
             failed = [s for s in step_results if s.outcome == "failed"]

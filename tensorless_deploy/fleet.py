@@ -90,7 +90,13 @@ def load_inventory(path: str | None, local: bool) -> Any:
     # pyinfra executes inventory files inside a state context, as its own CLI does.
     try:
         with ctx_state.use(State(check_for_changes=False)):
-            return make_inventory(path)
+            inventory = make_inventory(path)
+        if not list(inventory):
+            raise InventoryError(
+                f"{path}: no hosts (a group is a module-level list of names or (name, data) "
+                "tuples; see inventories/example.py)"
+            )
+        return inventory
     except ClickException as exc:
         # An inventory is the operator's own Python: whatever it raised is reported as theirs.
         cause = getattr(exc, "exception", None) or exc.__cause__ or exc

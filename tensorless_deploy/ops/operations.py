@@ -160,21 +160,27 @@ poll() {  # until /health answers 200, the unit fails, or the deadline passes
     [ "$code" = 200 ] && return 0
     st=$(systemctl is-active "$svc" 2>/dev/null || true)
     if [ "$st" = failed ]; then last="unit failed"; return 1; fi
+    # llama-server never exits while it loads: a restart means it died (bad flag, bad file)
+    nr=$(systemctl show -p NRestarts --value "$svc" 2>/dev/null || echo 0)
+    if [ "${nr:-0}" -gt 0 ]; then last="the server exited and systemd restarted it"; return 1; fi
     last="HTTP ${code:-000} (${st})"
     [ "$(date +%s)" -ge "$deadline" ] && return 1
     sleep 1
   done
 }
 t0=$(date +%s)
+last=""
 systemctl daemon-reload
 [ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
-systemctl "$verb" --no-block "$svc"
-if poll "$timeout"; then
+# Blocking: the old instance is gone before the first poll (with Notify=healthy, the start
+# job itself waits for the container's health check).
+if timeout "$timeout" systemctl "$verb" "$svc" 2>/dev/null && poll "$timeout"; then
   rm -f "$path.tensorless-prev"
   echo "$svc healthy after $(( $(date +%s) - t0 )) s at $url"
   exit 0
 fi
-echo "$svc not healthy within $timeout s: $last. Last journal lines:" >&2
+echo "$svc not healthy within $timeout s: ${last:-the start job failed}." \
+  "Last journal lines:" >&2
 journalctl -u "$svc" -n 30 --no-pager -o cat 2>&1 | sed 's/^/  | /' >&2
 if [ "$verb" = start ]; then
   exit 1  # the unit did not change: nothing to restore, nothing to remove
@@ -182,7 +188,7 @@ fi
 if [ -f "$path.tensorless-prev" ]; then
   mv -f "$path.tensorless-prev" "$path"
   systemctl daemon-reload
-  systemctl restart --no-block "$svc"
+  timeout "$timeout" systemctl restart "$svc" 2>/dev/null
   if poll "$timeout"; then
     echo "restored the previous unit; it is healthy again" >&2
   else

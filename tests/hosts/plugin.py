@@ -58,6 +58,8 @@ RESET_DIRS = (
     "/etc/containers/systemd",
     "/etc/tensorless-deploy",
     "/var/lib/tensorless-deploy",
+    "/var/lib/tensorless",  # the default models_dir: models--ORG--NAME/..., .tensorless/
+    "/run/tensorless",  # where a download token file lives for the length of a download
     "/srv",
     "/opt",
 )

@@ -1,0 +1,249 @@
+"""deploy against the real test hosts: systemd, podman (quadlet and plain unit), the registry,
+the Hub-compatible model server and the real llama-server. Only the GPU is a stand-in."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
+from tests.hosts.harness import Host
+from tests.hosts.hf_server import HFServer
+from tests.hosts.plugin import TINY_COMMIT, SshRunner
+
+pytestmark = pytest.mark.hosts
+
+UNIT = "tensorless-tiny-p100"
+FILE = "tiny-llama.gguf"
+
+
+@dataclass
+class Fleet:
+    catalog: Path
+    inventory: Path
+    env: dict[str, str]
+    hf: HFServer
+    ssh: SshRunner
+    hosts_json: dict[str, Any]
+
+    def recipe(self, **run: Any) -> dict[str, Any]:
+        return tiny_recipe(self.hosts_json, TINY_COMMIT, **run)
+
+    def write(self, **run: Any) -> None:
+        write_catalog(self.catalog, self.recipe(**run))
+
+    def deploy(self, *hosts: str, extra: tuple[str, ...] = (), dry: bool = False,
+               env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:  # fmt: skip
+        args = ["deploy", "-i", str(self.inventory), "tiny", "--recipes", str(self.catalog),
+                "--json"]  # fmt: skip
+        for h in hosts:
+            args += ["--limit", h]
+        if dry:
+            args.append("--dry")
+        if extra:
+            args += ["--", *extra]
+        proc = cli(*args, env={**self.env, **(env or {})})
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout.startswith("{"), proc.stdout + proc.stderr
+        return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+
+    def by_host(self, report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {h["host"]: h for h in report["hosts"]}
+
+    def steps(self, report: dict[str, Any], host: str) -> dict[str, str]:
+        return {s["name"]: s["outcome"] for s in self.by_host(report)[host]["steps"]}
+
+    def sh(self, host: str, cmd: str, check: bool = True) -> str:
+        return str(self.ssh(host, cmd, check=check).stdout)
+
+    def complete(self, host: str) -> dict[str, Any]:
+        body = json.dumps({"prompt": "hello", "max_tokens": 8, "temperature": 0})
+        out = self.sh(host, "curl -fsS http://127.0.0.1:8080/v1/completions "
+                            f"-H 'Content-Type: application/json' -d '{body}'")  # fmt: skip
+        answer: dict[str, Any] = json.loads(out)
+        return answer
+
+    def bytes_served(self) -> int:
+        return self.hf.stats(TINY_REPO, FILE).bytes_sent
+
+
+@pytest.fixture
+def fleet(
+    tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host], hf: HFServer,
+    ssh: SshRunner, profile: Any, clean_hosts: None,
+) -> Iterator[Fleet]:  # fmt: skip
+    profile("gpu2", "p100")  # both trixie hosts carry a P100 stand-in for the tiny P100 recipe
+    hosts = [test_hosts[n] for n in ("gpu1", "gpu2", "legacy1")]
+    inventory = write_inventory(tmp_path / "inventory.py", hosts, unreachable=True)
+    f = Fleet(tmp_path / "recipes", inventory, {"HF_ENDPOINT": hf.url}, hf, ssh, hosts_json)
+    f.write()
+    yield f
+
+
+def test_deploy_three_hosts_serves_then_converged_run_changes_nothing(fleet: Fleet) -> None:
+    rc, report, out = fleet.deploy("gpu1", "gpu2", "legacy1")
+    assert rc == 0, out
+    hosts = fleet.by_host(report)
+    assert {n: h["outcome"] for n, h in hosts.items()} == {
+        "gpu1": "changed", "gpu2": "changed", "legacy1": "changed"}  # fmt: skip
+    assert fleet.bytes_served() == 3 * fleet.hosts_json["tiny_gguf"]["size"]
+    for name in ("gpu1", "gpu2", "legacy1"):
+        answer = fleet.complete(name)
+        assert answer["model"] == TINY_REPO
+        assert answer["timings"]["predicted_n"] == 8
+        assert hosts[name]["address"] == "127.0.0.1:8080" and hosts[name]["tuned"] is True
+    # quadlet on podman 5, a plain systemd unit on podman 4.3
+    assert fleet.sh("gpu1", f"test -f /etc/containers/systemd/{UNIT}.container && echo q") == "q\n"
+    assert fleet.sh("legacy1", f"test -f /etc/systemd/system/{UNIT}.service && echo s") == "s\n"
+    assert fleet.sh("legacy1", f"ls /etc/containers/systemd/{UNIT}.container", check=False) == ""
+
+    fleet.hf.reset_stats()
+    rc, report, out = fleet.deploy("gpu1", "gpu2", "legacy1")
+    assert rc == 0, out
+    for name in ("gpu1", "gpu2", "legacy1"):
+        assert fleet.by_host(report)[name]["outcome"] == "unchanged", out
+        assert set(fleet.steps(report, name).values()) == {"unchanged"}
+    assert fleet.bytes_served() == 0  # no model bytes moved, nothing hashed again
+
+
+def test_files_labels_and_socket(fleet: Fleet, testinfra_hosts: dict[str, Any]) -> None:
+    rc, report, out = fleet.deploy("gpu1")
+    assert rc == 0, out
+    host = testinfra_hosts["gpu1"]
+    unit = host.file(f"/etc/containers/systemd/{UNIT}.container")
+    assert unit.exists and unit.user == "root" and unit.mode == 0o644
+    assert not host.file(f"/etc/containers/systemd/{UNIT}.container.tensorless-prev").exists
+    assert host.service(f"{UNIT}.service").is_running
+    labels = json.loads(host.check_output(f"podman inspect {UNIT} --format '{{{{json .Config.Labels}}}}'"))
+    digest = fleet.by_host(report)["gpu1"]["recipe_digest"]
+    assert labels["io.tensorless.recipe-digest"] == digest
+    assert labels["io.tensorless.tuned"] == "true"
+    assert labels["io.tensorless.model"] == TINY_REPO
+    image = host.check_output(f"podman inspect {UNIT} --format '{{{{.ImageName}}}}'")
+    assert image == fleet.hosts_json["image"]["ref"]  # pinned by digest, never a tag
+    listening = host.socket.get_listening_sockets()
+    assert "tcp://127.0.0.1:8080" in listening
+    assert not [s for s in listening if s.endswith(":8080") and s != "tcp://127.0.0.1:8080"]
+    # Hugging Face cache layout: the snapshot link resolves to the blob named by its sha256
+    sha = fleet.hosts_json["tiny_gguf"]["sha256"]
+    repo_dir = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
+    snap = host.file(f"{repo_dir}/snapshots/{TINY_COMMIT}/{FILE}")
+    assert snap.is_symlink and snap.linked_to == f"{repo_dir}/blobs/{sha}"
+    assert host.file(f"{repo_dir}/blobs/{sha}").mode == 0o644
+    mounts = host.check_output(f"podman inspect {UNIT} --format '{{{{json .Mounts}}}}'")
+    (mount,) = json.loads(mounts)
+    assert mount["Source"] == f"{repo_dir}/blobs/{sha}" and mount["RW"] is False
+
+
+def test_recipe_change_restarts_only_what_changed(fleet: Fleet) -> None:
+    rc, first, out = fleet.deploy("gpu1")
+    assert rc == 0, out
+    fleet.hf.reset_stats()
+    fleet.write(context=1024)
+    rc, dry, out = fleet.deploy("gpu1", dry=True)
+    assert rc == 0 and fleet.by_host(dry)["gpu1"]["outcome"] == "would change", out
+    assert fleet.steps(dry, "gpu1")["unit"] == "would change"
+    assert fleet.steps(dry, "gpu1")["model"] == "no change"
+    assert "1024" not in fleet.sh("gpu1", f"cat /etc/containers/systemd/{UNIT}.container")
+    rc, second, out = fleet.deploy("gpu1")
+    assert rc == 0, out
+    steps = fleet.steps(second, "gpu1")
+    assert steps == {"image": "unchanged", "model": "unchanged", "unit": "changed",
+                     "restart": "changed", "serving": "unchanged"}, steps  # fmt: skip
+    assert fleet.bytes_served() == 0
+    assert first["hosts"][0]["recipe_digest"] != second["hosts"][0]["recipe_digest"]
+    assert '"-c" "1024"' in fleet.sh("gpu1", f"cat /etc/containers/systemd/{UNIT}.container")
+    fleet.complete("gpu1")
+
+
+def test_cut_download_resumes_on_the_next_run(fleet: Fleet) -> None:
+    size = fleet.hosts_json["tiny_gguf"]["size"]
+    # every attempt of the first run is cut after 50,000 bytes: 5 attempts, 250,000 bytes
+    fleet.hf.add_fault("drop", repo_id=TINY_REPO, filename=FILE, after_bytes=50_000, times=5)
+    rc, report, out = fleet.deploy("gpu1")
+    assert rc == 1
+    assert fleet.by_host(report)["gpu1"]["outcome"] == "failed"
+    assert "stopped at 250000 of 520800 bytes" in out, out
+    assert fleet.sh("gpu1", f"systemctl is-active {UNIT}.service", check=False).strip() != "active"
+    fleet.hf.reset_stats()
+    rc, report, out = fleet.deploy("gpu1")
+    assert rc == 0, out
+    assert "resumed from 250000" in out
+    assert fleet.bytes_served() == size - 250_000
+    fleet.complete("gpu1")
+
+
+def test_wrong_bytes_are_refused_and_never_served(fleet: Fleet) -> None:
+    fleet.hf.add_fault("corrupt", repo_id=TINY_REPO, filename=FILE)
+    rc, report, out = fleet.deploy("gpu1")
+    assert rc == 1
+    assert "not 21bf02ee" in out and "refused and deleted" in out, out
+    repo_dir = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
+    assert fleet.sh("gpu1", f"find {repo_dir} -type f 2>/dev/null", check=False) == ""
+    assert fleet.sh("gpu1", f"ls /etc/containers/systemd/{UNIT}.container", check=False) == ""
+    assert fleet.sh("gpu1", "ss -Hltn 'sport = :8080'") == ""
+
+
+def test_failing_new_unit_restores_the_previous_one(fleet: Fleet) -> None:
+    rc, first, out = fleet.deploy("gpu1")
+    assert rc == 0, out
+    before = fleet.sh("gpu1", f"cat /etc/containers/systemd/{UNIT}.container")
+    rc, report, out = fleet.deploy("gpu1", extra=("--no-such-llama-flag",))
+    assert rc == 1
+    host = fleet.by_host(report)["gpu1"]
+    assert host["outcome"] == "failed" and host["tuned"] is False
+    assert "restored the previous unit; it is healthy again" in out, out
+    assert "  | " in out  # the unit's last journal lines are shown
+    assert fleet.sh("gpu1", f"cat /etc/containers/systemd/{UNIT}.container") == before
+    assert fleet.complete("gpu1")["model"] == TINY_REPO
+
+
+def test_unreachable_host_fails_alone(fleet: Fleet) -> None:
+    rc, report, out = fleet.deploy("gpu1", "ghost")
+    assert rc == 1
+    hosts = fleet.by_host(report)
+    assert hosts["gpu1"]["outcome"] == "changed"
+    assert hosts["ghost"]["outcome"] == "failed"
+    assert "cannot connect" in hosts["ghost"]["reason"]
+
+
+def test_token_never_shows(fleet: Fleet) -> None:
+    token = "hf_tEsTtOkEn0123456789abcdefSECRET"
+    fleet.hf.require_token(TINY_REPO, token)
+    rc, report, out = fleet.deploy("gpu1")
+    assert rc == 1 and "curl exit 22" in out  # 401 without the token
+    # slow the download so the process list can be read while curl runs
+    fleet.hf.add_fault("stall", repo_id=TINY_REPO, filename=FILE, after_bytes=1000, seconds=4,
+                       times=1)  # fmt: skip
+    seen: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(fleet.sh("gpu1", "ps -eo args; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'",
+                                 check=False))  # fmt: skip
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        rc, report, out = fleet.deploy("gpu1", env={"HF_TOKEN": token})
+    finally:
+        done.set()
+        watcher.join()
+    assert rc == 0, out
+    assert any("curl" in s for s in seen), "the watcher never saw the download running"
+    assert not any(token in s for s in seen)
+    assert token not in out
+    assert all(fleet.hf.stats(TINY_REPO, FILE).auth_seen[-1:])
+    for place in (f"cat /etc/containers/systemd/{UNIT}.container",
+                  "journalctl --no-pager -o cat", "ls -A /run/tensorless"):  # fmt: skip
+        assert token not in fleet.sh("gpu1", place, check=False)
+    assert fleet.sh("gpu1", "ls -A /run/tensorless", check=False).strip() == ""
