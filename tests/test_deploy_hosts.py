@@ -121,7 +121,8 @@ def test_files_labels_and_socket(fleet: Fleet, testinfra_hosts: dict[str, Any]) 
     assert unit.exists and unit.user == "root" and unit.mode == 0o644
     assert not host.file(f"/etc/containers/systemd/{UNIT}.container.tensorless-prev").exists
     assert host.service(f"{UNIT}.service").is_running
-    labels = json.loads(host.check_output(f"podman inspect {UNIT} --format '{{{{json .Config.Labels}}}}'"))
+    fmt = "'{{json .Config.Labels}}'"
+    labels = json.loads(host.check_output(f"podman inspect {UNIT} --format {fmt}"))
     digest = fleet.by_host(report)["gpu1"]["recipe_digest"]
     assert labels["io.tensorless.recipe-digest"] == digest
     assert labels["io.tensorless.tuned"] == "true"
@@ -182,7 +183,7 @@ def test_cut_download_resumes_on_the_next_run(fleet: Fleet) -> None:
 
 def test_wrong_bytes_are_refused_and_never_served(fleet: Fleet) -> None:
     fleet.hf.add_fault("corrupt", repo_id=TINY_REPO, filename=FILE)
-    rc, report, out = fleet.deploy("gpu1")
+    rc, _report, out = fleet.deploy("gpu1")
     assert rc == 1
     assert "not 21bf02ee" in out and "refused and deleted" in out, out
     repo_dir = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
@@ -192,7 +193,7 @@ def test_wrong_bytes_are_refused_and_never_served(fleet: Fleet) -> None:
 
 
 def test_failing_new_unit_restores_the_previous_one(fleet: Fleet) -> None:
-    rc, first, out = fleet.deploy("gpu1")
+    rc, _first, out = fleet.deploy("gpu1")
     assert rc == 0, out
     before = fleet.sh("gpu1", f"cat /etc/containers/systemd/{UNIT}.container")
     rc, report, out = fleet.deploy("gpu1", extra=("--no-such-llama-flag",))
@@ -206,7 +207,7 @@ def test_failing_new_unit_restores_the_previous_one(fleet: Fleet) -> None:
 
 
 def test_unreachable_host_fails_alone(fleet: Fleet) -> None:
-    rc, report, out = fleet.deploy("gpu1", "ghost")
+    rc, report, _out = fleet.deploy("gpu1", "ghost")
     assert rc == 1
     hosts = fleet.by_host(report)
     assert hosts["gpu1"]["outcome"] == "changed"
@@ -217,7 +218,7 @@ def test_unreachable_host_fails_alone(fleet: Fleet) -> None:
 def test_token_never_shows(fleet: Fleet) -> None:
     token = "hf_tEsTtOkEn0123456789abcdefSECRET"
     fleet.hf.require_token(TINY_REPO, token)
-    rc, report, out = fleet.deploy("gpu1")
+    rc, _report, out = fleet.deploy("gpu1")
     assert rc == 1 and "curl exit 22" in out  # 401 without the token
     # slow the download so the process list can be read while curl runs
     fleet.hf.add_fault("stall", repo_id=TINY_REPO, filename=FILE, after_bytes=1000, seconds=4,
@@ -227,14 +228,14 @@ def test_token_never_shows(fleet: Fleet) -> None:
 
     def watch() -> None:
         while not done.is_set():
-            seen.append(fleet.sh("gpu1", "ps -eo args; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'",
-                                 check=False))  # fmt: skip
+            cmd = "ps -eo args; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'"
+            seen.append(fleet.sh("gpu1", cmd, check=False))
             time.sleep(0.3)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        rc, report, out = fleet.deploy("gpu1", env={"HF_TOKEN": token})
+        rc, _report, out = fleet.deploy("gpu1", env={"HF_TOKEN": token})
     finally:
         done.set()
         watcher.join()

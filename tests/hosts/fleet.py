@@ -34,7 +34,9 @@ def tiny_recipe(hosts_json: Mapping[str, Any], commit: str, **run: Any) -> dict[
             "id": "p100", "title": "Tesla P100 16 GB (stand-in)", "compute_capability": "6.0",
             "min_memory_mib": 16000, "min_driver": "525.60.13",
         },
-        "engine": {"release": "engine-cpu-test", "arch": "cpu", "image": hosts_json["image"]["ref"]},
+        "engine": {
+            "release": "engine-cpu-test", "arch": "cpu", "image": hosts_json["image"]["ref"],
+        },
         "run": {
             "alias": TINY_REPO, "context": 512, "threads_max": 2,
             "args": ["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"],
