@@ -112,6 +112,7 @@ def build_launch_spec(
         (f"{LABEL_PREFIX}.recipe-digest", recipe_digest(recipe)),
         (f"{LABEL_PREFIX}.model", recipe.model.hf_repo),
         (f"{LABEL_PREFIX}.card", recipe.card.id),
+        (f"{LABEL_PREFIX}.bind", bind),
         (f"{LABEL_PREFIX}.port", str(port)),
         (f"{LABEL_PREFIX}.tuned", "true" if tune.tuned else "false"),
     )
