@@ -17,7 +17,14 @@ from tensorless_deploy.decisions import (
     host_verdict,
     no_card_verdict,
 )
-from tensorless_deploy.fleet import HostOutcome, disconnect, host_fact, new_state, survey_hosts
+from tensorless_deploy.fleet import (
+    HostOutcome,
+    disconnect,
+    host_fact,
+    new_state,
+    on_each_host,
+    survey_hosts,
+)
 from tensorless_deploy.hfcache import cache_paths, resolve_url
 from tensorless_deploy.launch import build_launch_spec, unit_name
 from tensorless_deploy.recipe.catalog import Catalog, Entry
@@ -209,3 +216,80 @@ def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
 
 def _why(checks: Sequence[Check]) -> str:
     return "; ".join(f"{c.id}: {c.evidence}" for c in checks) or "refused"
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    host: str
+    error: str | None
+    units: tuple[Any, ...] = ()  # UnitStatus
+
+
+def fleet_status(inventory: Any, hosts: Sequence[Any], catalog: Catalog) -> list[HostStatus]:
+    """What every host serves: read-only, in parallel."""
+    from tensorless_deploy.ops.facts import DeployedUnits
+    from tensorless_deploy.status import unit_status
+
+    state = new_state(inventory)
+    results = on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits))
+    out = []
+    for host, r in zip(hosts, results, strict=True):
+        if isinstance(r, str):
+            out.append(HostStatus(host.name, r))
+        else:
+            out.append(HostStatus(host.name, None, tuple(unit_status(u, catalog) for u in r)))
+    return out
+
+
+def stop(inventory: Any, hosts: Sequence[Any], catalog: Catalog, model: str,
+         purge: bool, base: Options) -> list[HostResult]:  # fmt: skip
+    """Stop and remove the model's unit on every host (every card's); --purge: its file too."""
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.operation import add_op
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+
+    from tensorless_deploy.fleet import options_for
+    from tensorless_deploy.ops.operations import unit_removed
+
+    entries = catalog.find(model)
+    state = new_state(inventory)
+    errors = dict(zip([h.name for h in hosts],
+                      on_each_host(state, hosts, lambda h: None, keep_connected=True),
+                      strict=True))  # fmt: skip
+    live = [h for h in hosts if errors[h.name] is None]
+    metas: dict[str, list[Any]] = {h.name: [] for h in live}
+    try:
+        state.set_stage(StateStage.Prepare)
+        for h in live:
+            opts = options_for(h.name, h.data, base)
+            for e in entries:
+                name = unit_name(e.recipe)
+                paths = cache_paths(opts.models_dir, e.recipe) if purge else None
+                res = add_op(state, unit_removed, name=f"remove {name}", host=h, unit_name=name,
+                             unit_paths=(f"{QUADLET_DIR}/{name}.container",
+                                         f"{SYSTEMD_DIR}/{name}.service"),
+                             paths=paths)  # fmt: skip
+                metas[h.name].append(res[h])
+        state.set_stage(StateStage.Execute)
+        try:
+            run_ops(state)
+        except PyinfraError as exc:
+            if "No hosts remaining" not in str(exc):
+                raise
+    finally:
+        disconnect(hosts)
+    results = []
+    for h in hosts:
+        err = errors[h.name]
+        if err is not None:
+            results.append(HostResult(h.name, "failed", str(err)))
+            continue
+        ms = metas[h.name]
+        failed = [m for m in ms if m.is_complete() and m.did_error()]
+        changed = any(m.is_complete() and m.executed and m.did_change() for m in ms)
+        lines = tuple(line for m in ms if m.is_complete() for line in _meta_lines(m))
+        outcome: Outcome = "failed" if failed else ("changed" if changed else "unchanged")
+        results.append(HostResult(h.name, outcome, None, steps=(StepResult("stop", outcome,
+                                                                          lines),)))  # fmt: skip
+    return results

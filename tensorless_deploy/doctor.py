@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tensorless_deploy.decisions import (
     Check,
+    Existing,
     Verdict,
     choose_recipe,
     host_verdict,
@@ -15,6 +16,10 @@ from tensorless_deploy.decisions import (
 )
 from tensorless_deploy.fleet import HostOutcome
 from tensorless_deploy.recipe.catalog import Catalog, Entry
+
+# What tensorless-deploy already put on the host for a recipe (its unit, its model file), read
+# from the host the way deploy reads it, so doctor and deploy agree about a host already serving.
+ExistingFor = Callable[[Entry], Existing]
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,12 @@ class HostReport:
         return self.error is None and all(r.verdict.ok for r in self.results)
 
 
-def host_report(outcome: HostOutcome, catalog: Catalog, models: Sequence[str]) -> HostReport:
+def host_report(
+    outcome: HostOutcome,
+    catalog: Catalog,
+    models: Sequence[str],
+    existing: ExistingFor | None = None,
+) -> HostReport:
     if outcome.facts is None:
         return HostReport(outcome.name, outcome.error, ())
     facts = outcome.facts
@@ -57,7 +67,8 @@ def host_report(outcome: HostOutcome, catalog: Catalog, models: Sequence[str]) -
             results.append(ModelResult(name, None, verdict))
             continue
         entry = next(e for e in entries if e.recipe is recipe)
-        verdict = host_verdict(facts, recipe, outcome.options)
+        found = existing(entry) if existing is not None else Existing()
+        verdict = host_verdict(facts, recipe, outcome.options, existing=found)
         results.append(ModelResult(recipe.model.hf_repo, entry, verdict))
     return HostReport(outcome.name, None, tuple(results), gpus)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tensorless_deploy.decisions import EngineChoice, Options
 from tensorless_deploy.errors import TensorlessError, UsageError
@@ -26,6 +26,7 @@ DATA_MODELS_DIR = "tensorless_models_dir"
 DATA_ENGINE = "tensorless_engine"
 DATA_GPUS = "tensorless_gpus"  # offline planning: the GPUs as nvidia-smi would list them
 CONNECT_TIMEOUT_S = 10
+T = TypeVar("T")
 
 
 class InventoryError(TensorlessError):
@@ -142,6 +143,36 @@ def _connect(host: Any) -> str | None:
     return None
 
 
+def on_each_host(
+    state: Any, hosts: Sequence[Any], job: Callable[[Any], T], *, keep_connected: bool = False
+) -> list[T | str]:
+    """Connect to every host and run job(host) on each, all in parallel. A host that cannot be
+    reached, or whose facts cannot be read, gives the error text instead of a result."""
+    import gevent
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.context import ctx_host, ctx_state
+
+    def one(host: Any) -> T | str:
+        error = _connect(host)
+        if error is not None:
+            return error
+        state.activate_host(host)  # operations run only on activated hosts
+        try:
+            with ctx_state.use(state), ctx_host.use(host):
+                return job(host)
+        except PyinfraError as exc:
+            return f"cannot read facts: {exc}"
+
+    with ctx_state.use(state):
+        jobs = [gevent.spawn(one, h) for h in hosts]
+        gevent.joinall(jobs)
+    try:
+        return [j.get() for j in jobs]
+    finally:
+        if not keep_connected:
+            disconnect(hosts)
+
+
 def survey_hosts(
     state: Any,
     hosts: Sequence[Any],
@@ -152,10 +183,6 @@ def survey_hosts(
 ) -> list[HostOutcome]:
     """Connect to each host and read its facts, all hosts in parallel; nothing is changed.
     With keep_connected, the connections stay open for operations that follow."""
-    import gevent
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.context import ctx_host, ctx_state
-
     from tensorless_deploy.facts.host import HostSurvey
 
     options = {
@@ -163,29 +190,22 @@ def survey_hosts(
         for h in hosts
     }  # the command line's explicit --port / --bind win over host data
 
-    def one(host: Any) -> HostOutcome:
-        opts = options[host.name]
-        error = _connect(host)
-        if error is not None:
-            return HostOutcome(host.name, opts, None, error, host.data)
-        state.activate_host(host)  # operations run only on activated hosts
-        try:
-            with ctx_state.use(state), ctx_host.use(host):
-                facts = host.get_fact(HostSurvey, models_dir=opts.models_dir)
-        except PyinfraError as exc:
-            return HostOutcome(host.name, opts, None, f"cannot read facts: {exc}", host.data)
-        if facts is None:
-            return HostOutcome(host.name, opts, None, "cannot read facts", host.data)
-        return HostOutcome(host.name, opts, facts, None, host.data)
+    def survey(host: Any) -> HostFacts | None:
+        models_dir = options[host.name].models_dir
+        facts: HostFacts | None = host.get_fact(HostSurvey, models_dir=models_dir)
+        return facts
 
-    with ctx_state.use(state):
-        jobs = [gevent.spawn(one, h) for h in hosts]
-        gevent.joinall(jobs)
-    try:
-        return [job.get() for job in jobs]
-    finally:
-        if not keep_connected:
-            disconnect(hosts)
+    results = on_each_host(state, hosts, survey, keep_connected=keep_connected)
+    out = []
+    for host, r in zip(hosts, results, strict=True):
+        opts = options[host.name]
+        if isinstance(r, str):
+            out.append(HostOutcome(host.name, opts, None, r, host.data))
+        elif r is None:
+            out.append(HostOutcome(host.name, opts, None, "cannot read facts", host.data))
+        else:
+            out.append(HostOutcome(host.name, opts, r, None, host.data))
+    return out
 
 
 def disconnect(hosts: Sequence[Any]) -> None:

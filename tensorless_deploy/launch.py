@@ -72,7 +72,10 @@ class LaunchSpec:
                 "--volume", f"{self.model_path}:{self.model_mount}:ro"]  # fmt: skip
         if self.engine == "docker":
             if self.gpu_uuids:
-                args += ["--gpus", "device=" + ",".join(self.gpu_uuids)]
+                # docker reads --gpus as one CSV record: several ids need the field quoted
+                # ('"device=a,b"'), else "b" is taken as a field of its own and refused.
+                devices = "device=" + ",".join(self.gpu_uuids)
+                args += ["--gpus", devices if len(self.gpu_uuids) == 1 else f'"{devices}"']
         else:
             for dev in self.cdi_devices:
                 args += ["--device", dev]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import posixpath
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,7 +17,8 @@ from tensorless_deploy.launch import LaunchSpec
 
 QUADLET_DIR = "/etc/containers/systemd"
 SYSTEMD_DIR = "/etc/systemd/system"
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 controls (newline, carriage return, tab, escape...), DEL and the C1 controls (NEL...).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class RenderError(TensorlessError):
@@ -47,20 +50,27 @@ def sd_words(values: Iterable[object]) -> str:
 
 
 _SAFE_BINARY = re.compile(r"/[A-Za-z0-9/._-]+")
-_SAFE_RAW = re.compile(r"[A-Za-z0-9._/:=@+-]+")
+_SAFE_RAW = re.compile(r"[A-Za-z0-9._/:=@+\[\]-]+")
 
 
 def sd_raw(value: object) -> str:
-    """A value for a quadlet key that takes its value raw (Volume=, AddDevice=): quadlet neither
-    unquotes nor escapes it, so only plain characters are allowed through."""
+    """A value for a quadlet key that takes its value raw (Volume=, AddDevice=, Image=,
+    ContainerName=, HealthCmd=): quadlet neither unquotes nor escapes it, and systemd would
+    still expand % and $ in the ExecStart it lands in, so only plain characters are allowed
+    through (no space, quote, backslash, %, $, comma or control character)."""
     text = _checked(value)
     if not _SAFE_RAW.fullmatch(text):
         raise RenderError(
-            f"refusing {text!r} in a quadlet unit: only letters, digits and . _ / : = @ + - "
+            f"refusing {text!r} in a quadlet unit: only letters, digits and . _ / : = @ + - [ ] "
             "are safe there",
             fix="use a models directory path made of those characters",
         )
     return text
+
+
+def sd_raw_words(values: Iterable[object]) -> str:
+    """Several raw words, space-separated (HealthCmd=): each one plain, as sd_raw."""
+    return " ".join(sd_raw(v) for v in values)
 
 
 def sd_command(words: Iterable[object]) -> str:
@@ -71,13 +81,21 @@ def sd_command(words: Iterable[object]) -> str:
     return " ".join([first, *(sd_word(w) for w in rest)])
 
 
+def _no_continuation(text: str) -> str:
+    if text.endswith("\\"):
+        raise RenderError(
+            f"refusing {text!r} in a unit file: a trailing backslash continues the line"
+        )
+    return text
+
+
 def sd_value(value: object) -> str:
     """A free-text value (Description=): specifiers escaped, no quoting needed."""
-    return _checked(value).replace("%", "%%")
+    return _no_continuation(_checked(value)).replace("%", "%%")
 
 
 def sd_comment(value: object) -> str:
-    return _checked(value)
+    return _no_continuation(_checked(value))
 
 
 def templates_dir() -> Path:
@@ -98,7 +116,7 @@ def _env() -> jinja2.Environment:
     )
     env.filters.update(
         sd_word=sd_word, sd_words=sd_words, sd_value=sd_value, sd_command=sd_command, sd_raw=sd_raw,
-        sd_comment=sd_comment,
+        sd_raw_words=sd_raw_words, sd_comment=sd_comment,
     )  # fmt: skip
     return env
 
@@ -113,8 +131,27 @@ class UnitFile:
     kind: str  # "quadlet" or "service"
 
 
+def _check_spec(spec: LaunchSpec) -> None:
+    """What no escaping can make safe: the bind address must be an IP literal (it lands raw in
+    HealthCmd= and in URLs), and the volume's paths must be absolute without ':' (podman splits
+    SOURCE:DEST:OPTIONS at every colon)."""
+    try:
+        ipaddress.ip_address(_checked(spec.bind))
+    except ValueError:
+        raise RenderError(f"refusing bind address {spec.bind!r}: must be an IP address") from None
+    if "%" in spec.bind:
+        raise RenderError(f"refusing bind address {spec.bind!r}: no %zone in a unit file")
+    for what, path in (("model path", spec.model_path), ("model mount", spec.model_mount)):
+        if not posixpath.isabs(_checked(path)) or ":" in path:
+            raise RenderError(
+                f"refusing {what} {path!r}: must be an absolute path without ':'",
+                fix="use a models directory path made of letters, digits and . _ / + -",
+            )
+
+
 def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> UnitFile:
     """A rootful quadlet .container (podman >= 4.4); Notify=healthy from podman 5."""
+    _check_spec(spec)
     if spec.engine != "podman":
         raise RenderError(f"{spec.name}: quadlet units run podman, not {spec.engine}")
     text = _env().get_template("quadlet.container.j2").render(
@@ -126,6 +163,7 @@ def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> Un
 
 def render_service(spec: LaunchSpec, *, digest: str, engine_bin: str) -> UnitFile:
     """A plain systemd .service running podman (older than 4.4) or docker in the foreground."""
+    _check_spec(spec)
     exec_start = [
         engine_bin, "run", "--rm", "--pull=never",
         "--health-cmd", f"curl -fsS {spec.health_url}", "--health-interval", "30s",

@@ -248,3 +248,37 @@ def test_token_never_shows(fleet: Fleet) -> None:
                   "journalctl --no-pager -o cat", "ls -A /run/tensorless"):  # fmt: skip
         assert token not in fleet.sh("gpu1", place, check=False)
     assert fleet.sh("gpu1", "ls -A /run/tensorless", check=False).strip() == ""
+
+
+def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) -> None:
+    rc, report, out = fleet.deploy("gpu1", "legacy1")
+    assert rc == 0, out
+    digest = fleet.by_host(report)["gpu1"]["recipe_digest"]
+
+    def status() -> dict[str, list[dict[str, Any]]]:
+        proc = cli("status", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
+                   "--limit", "gpu1", "--limit", "legacy1", "--limit", "gpu2",
+                   "--json")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return {h["host"]: h["units"] for h in json.loads(proc.stdout)["hosts"]}
+
+    units = status()
+    assert units["gpu2"] == []
+    for name, kind in (("gpu1", "quadlet"), ("legacy1", "service")):
+        (u,) = units[name]
+        assert (u["unit"], u["kind"], u["model"], u["card"]) == (UNIT, kind, TINY_REPO, "p100")
+        assert u["healthy"] and u["tuned"] is True and u["recipe_digest"] == digest
+        assert u["address"] == "127.0.0.1:8080" and u["drift"] == []
+        assert u["image"] == fleet.hosts_json["image"]["ref"]
+    fleet.write(context=1024)  # the catalog moves on; the hosts do not
+    units = status()
+    assert any("recipe changed since deploy" in d for d in units["gpu1"][0]["drift"])
+
+    proc = cli("stop", "tiny", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
+               "--limit", "gpu1", "--purge", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert status()["gpu1"] == []
+    repo_dir = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
+    assert fleet.sh("gpu1", f"ls -A {repo_dir} 2>/dev/null", check=False) == ""
+    assert fleet.sh("gpu1", "ss -Hltn 'sport = :8080'") == ""
+    assert status()["legacy1"][0]["healthy"]  # --limit: the other host keeps serving

@@ -96,6 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="API address (default: tensorless_bind, else 127.0.0.1)")  # fmt: skip
     p.set_defaults(takes_extra=True)
     _recipes_flag(p)
+
+    p = command("status", "what each host serves: model, port, health, tuning, drift",
+                "status_cmd:cmd_status")  # fmt: skip
+    _hosts_flags(p)
+    _recipes_flag(p)
+
+    p = command("stop", "stop and remove a model's unit (on this machine without -i)",
+                "status_cmd:cmd_stop")  # fmt: skip
+    p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+    p.add_argument("-i", "--inventory", metavar="INVENTORY",
+                   help="pyinfra inventory file (default: this machine)")  # fmt: skip
+    p.add_argument("--limit", action="append", metavar="HOST",
+                   help="only this host (repeatable)")  # fmt: skip
+    p.add_argument("--purge", action="store_true", help="also remove the model file")
+    _recipes_flag(p)
     return parser
 
 

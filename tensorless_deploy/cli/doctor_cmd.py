@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from tensorless_deploy.cli.catalog_cmds import catalog_from
 from tensorless_deploy.cli.output import emit_json, paint, table
-from tensorless_deploy.decisions import Options
+from tensorless_deploy.decisions import Existing, Options
 from tensorless_deploy.doctor import HostReport, host_report, report_json
-from tensorless_deploy.fleet import load_inventory, new_state, select_hosts, survey_hosts
+from tensorless_deploy.fleet import (
+    HostOutcome,
+    disconnect,
+    load_inventory,
+    new_state,
+    select_hosts,
+    survey_hosts,
+)
+from tensorless_deploy.recipe.catalog import Catalog, Entry
 
 MARK = {"ok": ("ok", "32"), "warn": ("warn", "33"), "fail": ("FAIL", "1;31")}
 DETAIL_ALL_UP_TO = 4  # hosts; beyond this, one line per host and details for failures only
@@ -41,6 +51,34 @@ def _host_text(r: HostReport, details: bool) -> list[str]:
     return lines
 
 
+def _reports(state: Any, hosts: Sequence[Any], outcomes: Sequence[HostOutcome],
+             catalog: Catalog, models: Sequence[str]) -> list[HostReport]:  # fmt: skip
+    """Each host's report, all hosts in parallel. With MODEL, what deploy already put on the
+    host (its unit, the model file) is read as deploy reads it: read-only."""
+    import gevent
+    from pyinfra.api.exceptions import PyinfraError
+
+    from tensorless_deploy.deployer import _existing
+
+    by_name = {h.name: h for h in hosts}
+
+    def one(o: HostOutcome) -> HostReport:
+        if o.facts is None or not models:
+            return host_report(o, catalog, models)
+
+        def existing(entry: Entry) -> Existing:
+            return _existing(state, by_name[o.name], entry, o.options)
+
+        try:
+            return host_report(o, catalog, models, existing)
+        except PyinfraError as exc:
+            return HostReport(o.name, f"cannot read facts: {exc}", ())
+
+    jobs = [gevent.spawn(one, o) for o in outcomes]
+    gevent.joinall(jobs, raise_error=True)
+    return [job.get() for job in jobs]
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     catalog = catalog_from(args)
     for model in args.models:
@@ -49,8 +87,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                    local=args.local)  # fmt: skip
     inventory = load_inventory(args.inventory, args.local)
     hosts = select_hosts(inventory, args.limit or [])
-    outcomes = survey_hosts(new_state(inventory), hosts, base)
-    reports = [host_report(o, catalog, args.models) for o in outcomes]
+    state = new_state(inventory)
+    outcomes = survey_hosts(state, hosts, base, keep_connected=True)
+    try:
+        reports = _reports(state, hosts, outcomes, catalog, args.models)
+    finally:
+        disconnect(hosts)
     if args.json:
         emit_json(report_json(reports))
     else:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pyinfra.api.facts import FactBase
 
@@ -117,3 +120,106 @@ class HttpStatus(FactBase[int]):
     def process(self, output: Iterable[str]) -> int:
         text = _one(output)
         return int(text) if text.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class DeployedUnit:
+    """One tensorless unit on a host: its file, the service state, and the running container."""
+
+    name: str
+    kind: str  # quadlet or service
+    active: str
+    unit_labels: dict[str, str]  # from the unit file as written
+    container_labels: dict[str, str]  # from the running container (empty when none runs)
+    image: str | None  # the image reference the container was created from
+    image_id: str | None
+    health: int  # HTTP status of /health on the labelled address (0: no answer)
+
+
+_LABEL_LINE = re.compile(r'(?:Label=|--label" ")"?(io\.tensorless\.[a-z-]+)=([^"\s]*)')
+
+
+def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
+    """Blocks of `@@unit NAME KIND`, `@@active`, unit file lines, `@@inspect JSON`, `@@health`."""
+    units: list[DeployedUnit] = []
+    cur: dict[str, Any] | None = None
+
+    def close() -> None:
+        if cur is not None:
+            units.append(DeployedUnit(**cur))
+
+    for line in text.splitlines():
+        if line.startswith("@@unit "):
+            close()
+            _, name, kind = [*line.split(), "", ""][:3]
+            cur = {
+                "name": name, "kind": kind, "active": "unknown", "unit_labels": {},
+                "container_labels": {}, "image": None, "image_id": None, "health": 0,
+            }  # fmt: skip
+        elif cur is None:
+            continue
+        elif line.startswith("@@active "):
+            cur["active"] = line.split(" ", 1)[1].strip() or "unknown"
+        elif line.startswith("@@inspect "):
+            fields = line.split(" ", 1)[1].split("\t")
+            if len(fields) != 3:
+                continue
+            try:
+                labels = json.loads(fields[0])
+            except ValueError:
+                continue
+            if isinstance(labels, dict):
+                cur["container_labels"] = {
+                    k: str(v) for k, v in labels.items() if k.startswith("io.tensorless.")
+                }
+                cur["image"] = fields[1].strip() or None
+                cur["image_id"] = fields[2].strip() or None
+        elif line.startswith("@@health "):
+            code = line.split(" ", 1)[1].strip()
+            cur["health"] = int(code) if code.isdigit() else 0
+        else:
+            for m in _LABEL_LINE.finditer(line):
+                cur["unit_labels"][m.group(1)] = m.group(2)
+    close()
+    return tuple(units)
+
+
+_UNITS_SCRIPT = r"""
+for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tensorless-*.service; do
+  [ -f "$f" ] || continue
+  b=$(basename "$f"); n=${b%.*}
+  case "$f" in *.container) k=quadlet;; *) k=service;; esac
+  echo "@@unit $n $k"
+  echo "@@active $(systemctl is-active "$n.service" 2>/dev/null)"
+  grep -o 'io\.tensorless\.[a-z-]*=[^" ]*' "$f" | sed 's/^/Label=/'
+  # only the fields status needs: labels, image reference, image id (one line, tab-separated)
+  if command -v podman >/dev/null 2>&1; then
+    eng=podman; fmt='{{json .Config.Labels}}	{{.ImageName}}	{{.Image}}'
+  else
+    eng=docker; fmt='{{json .Config.Labels}}	{{.Config.Image}}	{{.Image}}'
+  fi
+  info=$($eng inspect --format "$fmt" "$n" 2>/dev/null) ||
+    { sleep 1; info=$($eng inspect --format "$fmt" "$n" 2>/dev/null); }
+  echo "@@inspect $info"
+  port=$(grep -o 'io\.tensorless\.port=[0-9]*' "$f" | head -1 | cut -d= -f2)
+  bind=$(grep -o 'io\.tensorless\.bind=[^" ]*' "$f" | head -1 | cut -d= -f2)
+  case "$bind" in ""|0.0.0.0|::) bind=127.0.0.1;; *:*) bind="[$bind]";; esac
+  url="http://$bind:${port:-8080}/health"
+  echo "@@health $(curl -s -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"
+done
+true
+"""
+
+
+class DeployedUnits(FactBase[tuple[DeployedUnit, ...]]):
+    """Every unit tensorless-deploy wrote on the host, with what runs from it."""
+
+    @staticmethod
+    def default() -> tuple[DeployedUnit, ...]:
+        return ()  # no output: no unit of ours on the host
+
+    def command(self) -> str:
+        return _UNITS_SCRIPT
+
+    def process(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
+        return parse_deployed_units("\n".join(output))

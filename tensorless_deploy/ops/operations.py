@@ -220,3 +220,43 @@ def serving(
         _ACTIVATE, svc=unit.service, url=health_url, timeout=timeout_s, path=unit.path,
         kind=unit.kind, verb="restart" if restart else "start",
     )  # fmt: skip
+
+
+_REMOVE = """
+if [ -f "$path" ]; then
+  timeout 60 systemctl stop "$svc" 2>/dev/null
+  [ "$kind" = service ] && systemctl disable -q "$svc" 2>/dev/null
+  rm -f "$path" "$path.tensorless-prev"
+  systemctl daemon-reload
+  systemctl reset-failed "$svc" 2>/dev/null
+  echo "stopped $svc and removed $path"
+fi
+if [ "$purge" = yes ]; then
+  rm -f "$blob" "$partial" "$stamp" "$snapshot"
+  find "$repo_dir" -depth -type d -empty -delete 2>/dev/null
+  echo "removed the model file $blob"
+fi
+true
+"""
+
+
+@operation(is_idempotent=True)
+def unit_removed(
+    unit_name: str, unit_paths: tuple[str, ...], paths: CachePaths | None = None
+) -> Commands:
+    """The unit stopped and its file removed (both kinds); with paths, the model file too."""
+    present = [p for p in unit_paths if host.get_fact(FileSha256, path=p) is not None]
+    blob = host.get_fact(ModelBlob, blob=paths.blob, stamp=paths.stamp,
+                         snapshot=paths.snapshot) if paths else None  # fmt: skip
+    if not present and (blob is None or (not blob.exists and blob.link is None)):
+        host.noop(f"{unit_name} is not deployed here")
+        return
+    for path in present or [unit_paths[0]]:
+        yield _sh(
+            _REMOVE, path=path if present else "/nonexistent", svc=f"{unit_name}.service",
+            kind="quadlet" if path.endswith(".container") else "service",
+            purge="yes" if paths else "no",
+            blob=paths.blob if paths else "", partial=paths.partial if paths else "",
+            stamp=paths.stamp if paths else "", snapshot=paths.snapshot if paths else "",
+            repo_dir=paths.repo_dir if paths else "",
+        )  # fmt: skip
