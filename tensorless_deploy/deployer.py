@@ -28,7 +28,13 @@ from tensorless_deploy.fleet import (
 from tensorless_deploy.hfcache import cache_paths, resolve_url
 from tensorless_deploy.launch import build_launch_spec, unit_name
 from tensorless_deploy.recipe.catalog import Catalog, Entry
-from tensorless_deploy.render import QUADLET_DIR, SYSTEMD_DIR, render_quadlet, render_service
+from tensorless_deploy.render import (
+    QUADLET_DIR,
+    SYSTEMD_DIR,
+    RenderError,
+    render_quadlet,
+    render_service,
+)
 
 Outcome = Literal["changed", "unchanged", "failed", "skipped", "would change", "no change"]
 ENGINE_BINS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
@@ -175,7 +181,11 @@ def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
                     recipe.card.id, failed_checks=verdict.failed(),
                 )  # fmt: skip
                 continue
-            plans[o.name] = plan_host(o, entry, verdict.engine, request, verdict.match.uuids)
+            try:
+                plans[o.name] = plan_host(o, entry, verdict.engine, request, verdict.match.uuids)
+            except RenderError as exc:  # this host's values cannot make a safe unit
+                results[o.name] = HostResult(o.name, "failed", exc.message, entry.path,
+                                             entry.digest, recipe.card.id)  # fmt: skip
 
         steps: dict[str, dict[str, Any]] = {}
         if plans:

@@ -7,6 +7,7 @@ becomes one outcome with its SSH error, and the others still report.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -44,6 +45,14 @@ class HostOutcome:
     data: Any = None  # the host's pyinfra data, for offline planning
 
 
+def is_ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return "%" not in text
+
+
 def options_for(name: str, data: Any, base: Options) -> Options:
     """Per-host settings from host data, falling back to the command line's."""
 
@@ -57,8 +66,10 @@ def options_for(name: str, data: Any, base: Options) -> Options:
     engine = get(DATA_ENGINE, base.engine)
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise InventoryError(f"{name}: {DATA_PORT}: must be a port number 1-65535 ({port!r})")
-    if not isinstance(bind, str) or not bind:
-        raise InventoryError(f"{name}: {DATA_BIND}: must be an IP address string ({bind!r})")
+    if not isinstance(bind, str) or not is_ip_address(bind):
+        raise InventoryError(
+            f"{name}: {DATA_BIND}: must be an IP address such as 127.0.0.1 or 0.0.0.0 ({bind!r})"
+        )
     if not isinstance(models_dir, str) or not re.fullmatch(r"/[A-Za-z0-9._/+-]*", models_dir):
         raise InventoryError(
             f"{name}: {DATA_MODELS_DIR}: must be an absolute path of letters, digits and "

@@ -10,7 +10,8 @@ from tensorless_deploy.cli.catalog_cmds import catalog_from
 from tensorless_deploy.cli.output import emit_json, paint
 from tensorless_deploy.decisions import Options
 from tensorless_deploy.deployer import DeployRequest, HostResult, deploy
-from tensorless_deploy.fleet import load_inventory, select_hosts
+from tensorless_deploy.errors import UsageError
+from tensorless_deploy.fleet import is_ip_address, load_inventory, select_hosts
 
 COLOURS = {"changed": "33", "unchanged": "32", "no change": "32", "would change": "33",
            "failed": "1;31", "skipped": "1;31"}  # fmt: skip
@@ -63,6 +64,8 @@ def print_results(results: list[HostResult], verbose: int) -> None:
 def cmd_deploy(args: argparse.Namespace) -> int:
     catalog = catalog_from(args)
     catalog.find(args.model)
+    if args.bind is not None and not is_ip_address(args.bind):
+        raise UsageError(f"--bind {args.bind}: must be an IP address such as 127.0.0.1")
     base = Options(allow_draft=args.allow_draft)
     override = {k: v for k, v in (("port", args.port), ("bind", args.bind)) if v is not None}
     inventory = load_inventory(args.inventory, False)
