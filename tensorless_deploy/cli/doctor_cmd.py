@@ -38,7 +38,7 @@ def _host_text(r: HostReport, details: bool) -> list[str]:
         elif v.servable:
             lines.append("  can serve: " + ", ".join(v.servable))
         else:
-            lines.append("  can serve: no built-in recipe fits this host's GPUs")
+            lines.append("  can serve: no recipe in the catalog fits this host's GPUs")
         shown = v.checks if details else tuple(c for c in v.checks if c.status != "ok")
         rows = []
         for c in shown:
