@@ -97,6 +97,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(takes_extra=True)
     _recipes_flag(p)
 
+    def local_flags(p: argparse.ArgumentParser, server: bool) -> None:
+        p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+        p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
+        p.add_argument("--engine", choices=("podman", "docker"),
+                       help="container engine (default: podman, else docker)")  # fmt: skip
+        if server:
+            p.add_argument("--port", type=int, metavar="N", help="API port (default 8080)")
+            p.add_argument("--host", metavar="ADDR", help="API address (default 127.0.0.1)")
+            p.add_argument("--context", type=int, metavar="N",
+                           help="context instead of the recipe's (untuned)")  # fmt: skip
+            p.set_defaults(takes_extra=True)
+        _recipes_flag(p)
+
+    p = command("run", "run a recipe on this machine in the foreground until Ctrl-C "
+                "(extra llama-server args after --, untuned)", "run_cmd:cmd_run")  # fmt: skip
+    local_flags(p, server=True)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every value and the exact command; change nothing")  # fmt: skip
+
+    p = command("pull", "fetch a recipe's image (by digest) and model (sha256-verified)",
+                "run_cmd:cmd_pull")  # fmt: skip
+    local_flags(p, server=False)
+    p.add_argument("--card", metavar="ID", help="the card's recipe (default: this machine's GPU)")
+
+    p = command("serve", "serve a recipe always-on on this machine: the deploy path, locally",
+                "run_cmd:cmd_serve")  # fmt: skip
+    local_flags(p, server=True)
+
     p = command("status", "what each host serves: model, port, health, tuning, drift",
                 "status_cmd:cmd_status")  # fmt: skip
     _hosts_flags(p)
