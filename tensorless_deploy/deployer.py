@@ -76,7 +76,7 @@ class DeployRequest:
     override: dict[str, Any] = field(default_factory=dict)  # explicit --port / --bind
 
 
-def _existing(state: Any, host: Any, entry: Entry, options: Options) -> Existing:
+def existing_on_host(state: Any, host: Any, entry: Entry, options: Options) -> Existing:
     from tensorless_deploy.ops.facts import FileSha256, ModelBlob
 
     name = unit_name(entry.recipe)
@@ -173,7 +173,7 @@ def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
                                              failed_checks=v.failed())  # fmt: skip
                 continue
             entry = next(e for e in entries if e.recipe is recipe)
-            existing = _existing(state, by_name[o.name], entry, o.options)
+            existing = existing_on_host(state, by_name[o.name], entry, o.options)
             verdict = host_verdict(o.facts, recipe, o.options, existing=existing)
             if not verdict.ok or verdict.engine is None or verdict.match is None:
                 results[o.name] = HostResult(

@@ -58,7 +58,7 @@ def _reports(state: Any, hosts: Sequence[Any], outcomes: Sequence[HostOutcome],
     import gevent
     from pyinfra.api.exceptions import PyinfraError
 
-    from tensorless_deploy.deployer import _existing
+    from tensorless_deploy.deployer import existing_on_host
 
     by_name = {h.name: h for h in hosts}
 
@@ -67,7 +67,7 @@ def _reports(state: Any, hosts: Sequence[Any], outcomes: Sequence[HostOutcome],
             return host_report(o, catalog, models)
 
         def existing(entry: Entry) -> Existing:
-            return _existing(state, by_name[o.name], entry, o.options)
+            return existing_on_host(state, by_name[o.name], entry, o.options)
 
         try:
             return host_report(o, catalog, models, existing)
