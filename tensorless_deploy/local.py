@@ -125,6 +125,12 @@ def fetch_model(
     url = resolve_url(recipe)
     attempt = 0
     while have < m.size_bytes:
+        if attempt >= RETRIES:
+            raise LocalError(
+                f"download of {url} stopped at {have} of {m.size_bytes} bytes after "
+                f"{attempt} attempts",
+                fix="run the command again: it resumes where it stopped",
+            )
         attempt += 1
         req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"})
         if token:
@@ -154,7 +160,7 @@ def fetch_model(
                     f"download of {url} stopped at {have} of {m.size_bytes} bytes: {exc}",
                     fix="run the command again: it resumes where it stopped",
                 ) from exc
-            time.sleep(min(2**attempt, 10))
+            time.sleep(min(2**attempt, 10) / 4)
     if have != m.size_bytes or h.hexdigest() != m.sha256:
         partial.unlink(missing_ok=True)
         raise LocalError(

@@ -27,8 +27,9 @@ from tensorless_deploy.fleet import is_ip_address
 from tensorless_deploy.recipe.catalog import Entry
 
 # Checks that decide whether this machine has the card at all; with --dry-run only these
-# refuse, the others are shown as what a real run would stop at.
-CARD_CHECKS = ("driver.present", "driver.loaded", "card.match", "driver.version", "recipe.state")
+# refuse (the recipe's state is judged by the seed's table for --dry-run), the others are
+# shown as what a real run would stop at.
+CARD_CHECKS = ("driver.present", "driver.loaded", "card.match", "driver.version")
 
 
 class Refused(TensorlessError):

@@ -1,0 +1,186 @@
+"""run --dry-run, pull and the local model cache, driven as a user runs them. The model server
+is the project's Hub-compatible test server on loopback; the only stand-in is nvidia-smi."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gguf_tools import write_tiny_llama
+from tests.hosts.fleet import cli, write_catalog
+from tests.hosts.hf_server import HFServer
+from tests.recipe_tools import example
+
+PROFILES = Path(__file__).parent / "hosts" / "profiles"
+COMMIT = "7c1d0f3a9e2b4d6c8a1f3e5b7d9c0a2e4f6b8d01"
+REPO = "tensorless-test/tiny-llama-GGUF"
+FILE = "tiny-llama.gguf"
+P100_UUID = "GPU-3f2c8a51-6d1e-4b7a-9c05-1e8d2f4a7b90"
+
+
+@pytest.fixture
+def standin_smi(tmp_path: Path) -> dict[str, str]:
+    """PATH and data dir for the recorded P100 nvidia-smi (a stand-in: no GPU here)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    shutil.copy(PROFILES / "_standin" / "nvidia-smi", smi)
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "NVIDIA_STANDIN_DIR": str(PROFILES / "p100" / "root" / "usr" / "share" / "nvidia-standin"),
+    }
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Iterator[tuple[HFServer, Path, dict[str, Any], bytes]]:
+    """The tiny GGUF published Hub-style on loopback, and a catalog pinning it."""
+    gguf = tmp_path / FILE
+    write_tiny_llama(gguf)
+    data = gguf.read_bytes()
+    import hashlib
+
+    recipe = example()
+    recipe["model"].update(name="tiny", hf_repo=REPO, revision=COMMIT, file=FILE,
+                           sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data))  # fmt: skip
+    recipe["run"]["alias"] = REPO
+    with HFServer("127.0.0.1") as hf:
+        hf.publish(REPO, {FILE: data}, commit=COMMIT)
+        yield hf, write_catalog(tmp_path / "recipes", recipe), recipe, data
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
+def test_dry_run_refuses_without_a_driver_and_says_the_fix() -> None:
+    proc = cli("run", "pn3", "--dry-run")
+    assert proc.returncode == 1
+    assert "refused on this machine" in proc.stderr
+    assert "driver.present: nvidia-smi not found" in proc.stderr
+    assert "fix: install the NVIDIA driver" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_dry_run_with_standin_prints_the_exact_command(standin_smi: dict[str, str]) -> None:
+    proc = cli("run", "pn3", "--dry-run", "--json", "--port", "8099", env=standin_smi)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    cmd = out["command"]
+    assert cmd[:4] == ["podman", "run", "--rm", "--pull=never"] or cmd[0] == "docker"
+    assert ["--device", f"nvidia.com/gpu={P100_UUID}"] == cmd[cmd.index("--device"):][:2]
+    image = cmd[cmd.index("--label") :].index(
+        "ghcr.io/iammrduncan/tensorless-engine@sha256:"
+        "35409ff97c2f518e468790c28bd19206ae777a945fcffe5775585e28fd9939a7")  # fmt: skip
+    assert image > 0
+    assert cmd[-4:] == ["-b", "512", "-ub", "512"] or cmd[-1] == "--jinja"
+    assert "--port" in out["server_args"] and "8099" in out["server_args"]
+    assert out["tuned"] is True and out["gpu_uuids"] == [P100_UUID]
+    # what a real run would still stop at on this machine (no toolkit here), each with its fix
+    assert all(c["fix"] for c in out["would_refuse"])
+    human = cli("run", "pn3", "--dry-run", "--context", "4096", env=standin_smi)
+    assert human.returncode == 0
+    assert "command   podman run" in human.stdout or "command   docker run" in human.stdout
+    assert "untuned: context 4096 instead of the measured 65536" in human.stderr
+
+
+def test_dry_run_state_table(tmp_path: Path, standin_smi: dict[str, str]) -> None:
+    draft = example()
+    draft["status"] = "draft"
+    unpublished = example()
+    unpublished["model"].update(hf_repo="org/unpub-GGUF", name="unpub", sha256="0" * 64)
+    unpublished["run"]["alias"] = "org/unpub-GGUF"
+    cat = write_catalog(tmp_path / "recipes", draft, unpublished)
+    refused = cli("run", "pn3", "--dry-run", "--recipes", str(cat), env=standin_smi)
+    assert refused.returncode == 2 and "--allow-draft" in refused.stderr
+    shown = cli("run", "pn3", "--dry-run", "--allow-draft", "--recipes", str(cat), env=standin_smi)
+    assert shown.returncode == 0, shown.stderr
+    # unpublished: shown by --dry-run, refused by run and pull even with --allow-draft
+    assert cli("run", "unpub", "--dry-run", "--recipes", str(cat), env=standin_smi).returncode == 0
+    for args in (["run", "unpub", "--allow-draft"], ["pull", "unpub", "--allow-draft"]):
+        proc = cli(*args, "--recipes", str(cat), env=standin_smi)
+        assert proc.returncode == 2 and "not published" in proc.stderr, proc.stderr
+
+
+def _fetch(recipe_dir: Path, cache: Path, hf: HFServer) -> Any:
+    """fetch_model as pull uses it, in a subprocess with HF_ENDPOINT/HF_HUB_CACHE set."""
+    code = (
+        "import json,sys; from pathlib import Path;"
+        "from tensorless_deploy.recipe import load_catalog;"
+        "from tensorless_deploy.local import fetch_model, hub_cache_dir;"
+        f"r = load_catalog(Path({str(recipe_dir)!r})).find('tiny')[0].recipe;"
+        "seen=[];"
+        "blob, n = fetch_model(r, hub_cache_dir(), progress=lambda d, t: seen.append(d));"
+        "print(json.dumps({'blob': str(blob), 'fetched': n, 'progress': len(seen)}))"
+    )
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_ENDPOINT": hf.url, "HF_HUB_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+
+
+def test_model_fetch_resumes_refuses_wrong_bytes_and_is_idempotent(
+    tmp_path: Path, tiny: tuple[HFServer, Path, dict[str, Any], bytes]
+) -> None:
+    hf, cat, recipe, data = tiny
+    cache = tmp_path / "hub"
+    # every attempt cut after 100,000 bytes: five attempts, then a clear error and a partial
+    hf.add_fault("drop", repo_id=REPO, filename=FILE, after_bytes=100_000, times=5)
+    proc = _fetch(cat, cache, hf)
+    assert proc.returncode != 0 and "stopped at 500000 of" in proc.stderr, proc.stderr
+    blob_dir = cache / "models--tensorless-test--tiny-llama-GGUF" / "blobs"
+    partial = blob_dir / f"{recipe['model']['sha256']}.incomplete"
+    assert partial.stat().st_size == 500_000
+    hf.reset_stats()
+    proc = _fetch(cat, cache, hf)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["fetched"] == len(data) - 500_000  # resumed, not started over
+    assert got["progress"] >= 1
+    assert hf.stats(REPO, FILE).ranges == ["bytes=500000-"]
+    assert Path(got["blob"]).read_bytes() == data
+    # a second pull transfers and hashes nothing
+    hf.reset_stats()
+    again = json.loads(_fetch(cat, cache, hf).stdout)
+    assert again["fetched"] == 0 and hf.stats(REPO, FILE).requests == 0
+    # other Hugging Face tools read the same file from the same cache, offline
+    import subprocess
+    import sys
+
+    code = ("from huggingface_hub import hf_hub_download;"
+            f"print(hf_hub_download({REPO!r}, {FILE!r}, revision={COMMIT!r}, "
+            f"cache_dir={str(cache)!r}, local_files_only=True))")  # fmt: skip
+    hub = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=60)  # fmt: skip
+    assert hub.returncode == 0, hub.stderr
+    assert Path(hub.stdout.strip()).resolve() == Path(got["blob"])
+
+
+def test_wrong_bytes_are_refused_and_deleted(
+    tmp_path: Path, tiny: tuple[HFServer, Path, dict[str, Any], bytes]
+) -> None:
+    hf, cat, recipe, _ = tiny
+    cache = tmp_path / "hub"
+    hf.add_fault("corrupt", repo_id=REPO, filename=FILE)
+    proc = _fetch(cat, cache, hf)
+    assert proc.returncode != 0
+    assert "refused and deleted" in proc.stderr, proc.stderr
+    blob_dir = cache / "models--tensorless-test--tiny-llama-GGUF" / "blobs"
+    assert not any(blob_dir.iterdir())  # neither the blob nor the partial is left
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has nvidia-smi")
+def test_serve_refuses_here_with_the_reason() -> None:
+    """serve goes through deploy with this machine as the inventory; this CI machine has no
+    GPU and no systemd as PID 1, and says so per check."""
+    proc = cli("serve", "pn3", "--json")
+    assert proc.returncode == 1
+    (host,) = json.loads(proc.stdout)["hosts"]
+    assert host["host"] == "@local" and host["outcome"] == "skipped"
+    assert "driver.present" in host["reason"]

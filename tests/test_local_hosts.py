@@ -1,0 +1,143 @@
+"""`run` and `pull` on this machine for real: local podman, the registry's engine image by digest,
+the model from the Hub-compatible server, the real llama-server. Stand-ins, for the GPU only:
+nvidia-smi and nvidia-ctk replaying a P100, its device nodes, and a CDI spec (all removed after).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts.fleet import tiny_recipe, write_catalog
+from tests.hosts.hf_server import HFServer
+from tests.hosts.plugin import TINY_COMMIT
+
+pytestmark = pytest.mark.hosts
+
+PROFILES = Path(__file__).parent / "hosts" / "profiles"
+P100 = PROFILES / "p100" / "root"
+NODES = [("/dev/nvidia0", 195, 0), ("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 238, 0)]
+CDI = """cdiVersion: "0.5.0"
+kind: nvidia.com/gpu
+devices:
+  - name: GPU-3f2c8a51-6d1e-4b7a-9c05-1e8d2f4a7b90
+    containerEdits:
+      deviceNodes:
+        - path: /dev/nvidia0
+          hostPath: /dev/zero
+"""
+PORT = 18080
+
+
+@pytest.fixture
+def local_gpu(tmp_path: Path, hosts_json: dict[str, Any]) -> Iterator[dict[str, str]]:
+    """This machine made to look like a P100 host, and its podman pointed at the harness's
+    configuration and the test registry; everything is put back afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for device nodes and the CDI spec")
+    made: list[Path] = []
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("nvidia-smi", "nvidia-ctk"):
+        dst = bin_dir / tool
+        shutil.copy(PROFILES / "_standin" / tool, dst)
+        dst.chmod(dst.stat().st_mode | stat.S_IXUSR)
+    for path, major, minor in NODES:
+        p = Path(path)
+        if not p.exists():
+            os.mknod(p, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            made.append(p)
+    char = Path("/dev/char")
+    char.mkdir(exist_ok=True)
+    for path, major, minor in NODES:
+        link = char / f"{major}:{minor}"
+        if not link.exists():
+            link.symlink_to(f"../{Path(path).name}")
+            made.append(link)
+    cdi_dir = Path("/var/run/cdi")
+    created_dir = not cdi_dir.exists()
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    spec = cdi_dir / "tensorless-test-nvidia.yaml"
+    spec.write_text(CDI)
+    base = Path(hosts_json["base"]) / "podman-host"
+    registries = tmp_path / "registries.conf"
+    registries.write_text(f'[[registry]]\nlocation = "{hosts_json["registry"]}"\ninsecure = true\n')
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "NVIDIA_STANDIN_DIR": str(P100 / "usr" / "share" / "nvidia-standin"),
+        "CONTAINERS_CONF": str(base / "containers.conf"),
+        "CONTAINERS_STORAGE_CONF": str(base / "storage.conf"),
+        "CONTAINERS_REGISTRIES_CONF": str(registries),
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    try:
+        yield env
+    finally:
+        spec.unlink(missing_ok=True)
+        if created_dir:
+            shutil.rmtree(cdi_dir, ignore_errors=True)
+        for p in reversed(made):
+            p.unlink(missing_ok=True)
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tensorless_deploy", *args],
+                            env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_pull_then_run_serves_and_sigterm_leaves_nothing(
+    tmp_path: Path, hosts_json: dict[str, Any], hf: HFServer, local_gpu: dict[str, str]
+) -> None:
+    env = {**local_gpu, "HF_ENDPOINT": hf.url}
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    podman = ["podman"]
+    pull = _cli("pull", "tiny", "--recipes", str(catalog), env=env)
+    out, err = pull.communicate(timeout=600)
+    assert pull.returncode == 0, err
+    assert "sha256" in err and "downloaded 520800 bytes" in err
+    again = _cli("pull", "tiny", "--recipes", str(catalog), env=env)
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0 and "already present" in err
+    assert "already in the cache, verified earlier" in err
+
+    t0 = time.monotonic()
+    run = _cli("run", "tiny", "--recipes", str(catalog), "--port", str(PORT), env=env)
+    assert run.stdout is not None
+    line = ""
+    while time.monotonic() - t0 < 120:
+        line = run.stdout.readline()
+        if line.startswith("serving") or run.poll() is not None:
+            break
+    assert line.startswith("serving tensorless-test/tiny-llama-GGUF on http://127.0.0.1:18080"), (
+        line + (run.stderr.read() if run.poll() is not None and run.stderr else "")
+    )
+    body = json.dumps({"prompt": "hello", "max_tokens": 8, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        answer = json.load(resp)
+    assert answer["model"] == "tensorless-test/tiny-llama-GGUF"
+    assert answer["timings"]["predicted_n"] == 8
+    ps = subprocess.run([*podman, "ps", "--format", "{{.Names}} {{.Image}}"], env={**os.environ,
+                        **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert f"tensorless-tiny-p100 {hosts_json['image']['ref']}" in ps.stdout
+    run.send_signal(signal.SIGTERM)  # one signal is enough
+    assert run.wait(timeout=60) == 0
+    left = subprocess.run([*podman, "ps", "-a", "--format", "{{.Names}}"],
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert "tensorless-tiny-p100" not in left.stdout
