@@ -48,8 +48,9 @@ def tiny(tmp_path: Path) -> Iterator[tuple[HFServer, Path, dict[str, Any], bytes
     import hashlib
 
     recipe = example()
-    recipe["model"].update(name="tiny", hf_repo=REPO, revision=COMMIT, file=FILE,
-                           sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data))  # fmt: skip
+    sha = hashlib.sha256(data).hexdigest()
+    recipe["model"].update(name="tiny", hf_repo=REPO, revision=COMMIT, file=FILE, sha256=sha,
+                           size_bytes=len(data))  # fmt: skip
     recipe["run"]["alias"] = REPO
     with HFServer("127.0.0.1") as hf:
         hf.publish(REPO, {FILE: data}, commit=COMMIT)
@@ -165,7 +166,7 @@ def test_model_fetch_resumes_refuses_wrong_bytes_and_is_idempotent(
 def test_wrong_bytes_are_refused_and_deleted(
     tmp_path: Path, tiny: tuple[HFServer, Path, dict[str, Any], bytes]
 ) -> None:
-    hf, cat, recipe, _ = tiny
+    hf, cat, _recipe, _ = tiny
     cache = tmp_path / "hub"
     hf.add_fault("corrupt", repo_id=REPO, filename=FILE)
     proc = _fetch(cat, cache, hf)

@@ -106,11 +106,11 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
     catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
     podman = ["podman"]
     pull = _cli("pull", "tiny", "--recipes", str(catalog), env=env)
-    out, err = pull.communicate(timeout=600)
+    _out, err = pull.communicate(timeout=600)
     assert pull.returncode == 0, err
     assert "sha256" in err and "downloaded 520800 bytes" in err
     again = _cli("pull", "tiny", "--recipes", str(catalog), env=env)
-    out, err = again.communicate(timeout=600)
+    _out, err = again.communicate(timeout=600)
     assert again.returncode == 0 and "already present" in err
     assert "already in the cache, verified earlier" in err
 
