@@ -282,3 +282,34 @@ def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) ->
     assert fleet.sh("gpu1", f"ls -A {repo_dir} 2>/dev/null", check=False) == ""
     assert fleet.sh("gpu1", "ss -Hltn 'sport = :8080'") == ""
     assert status()["legacy1"][0]["healthy"]  # --limit: the other host keeps serving
+
+
+def test_bench_through_ssh_tunnel_against_the_receipt(fleet: Fleet) -> None:
+    rc, _report, out = fleet.deploy("gpu1")
+    assert rc == 0, out
+    args = ["bench", "tiny", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
+            "--limit", "gpu1", "--runs", "3", "--json"]  # fmt: skip
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    (res,) = json.loads(proc.stdout)["results"]
+    assert res["runs"] == 3 and res["generated_tokens"] == 256 and res["tuned"] is True
+    d = res["decode_tps"]
+    assert d["min"] <= d["median"] <= d["max"] and d["median"] > 0
+    (c,) = res["comparisons"]
+    assert c["key"] == "decode_tps.short" and c["receipt"] == 100.0
+    assert c["ratio"] == pytest.approx(d["median"] / 100.0)
+    # the API never listened beyond the host's loopback: the bench went through SSH
+    assert fleet.sh("gpu1", "ss -Hltn 'sport = :8080'").split()[3] == "127.0.0.1:8080"
+    # a receipt the CPU cannot meet: the verdict says so, exit 1
+    fleet.write(context=4096)
+    recipe = fleet.recipe()
+    recipe["receipt"]["decode_tps"] = {"short": 1e9}
+    write_catalog(fleet.catalog, recipe)
+    rc, _report, out = fleet.deploy("gpu1")
+    assert rc == 0, out
+    proc = cli(*args[:-1])
+    assert proc.returncode == 1 and "BELOW" in proc.stdout
+    # a host that does not serve it: one clear line
+    proc = cli("bench", "tiny", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
+               "--limit", "gpu2")  # fmt: skip
+    assert proc.returncode == 1 and "gpu2: tensorless-tiny-p100 is not deployed here" in proc.stderr

@@ -78,6 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serving address to check (default 127.0.0.1)")  # fmt: skip
     _recipes_flag(p)
 
+    p = command("plan", "where each model fits, per host and GPU: the largest context, KV bytes "
+                "per token, memory needed vs free, or why not (exit 1 when a model has no "
+                "placement)", "plan_cmd:cmd_plan")  # fmt: skip
+    _hosts_flags(p)
+    p.add_argument("models", nargs="+", metavar="MODEL", help="repo ids or short names")
+    p.add_argument("--context", type=int, metavar="N",
+                   help="does context N fit (instead of the recipe's; untuned)")  # fmt: skip
+    p.add_argument("--offline", action="store_true",
+                   help="plan from inventory data (tensorless_gpus), no SSH")  # fmt: skip
+    p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
+    _recipes_flag(p)
+
     p = command("deploy", "serve a recipe on every matching host: image by digest, verified "
                 "model, systemd unit, /health (extra llama-server args after --, untuned)",
                 "deploy_cmd:cmd_deploy")  # fmt: skip
@@ -124,6 +136,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("serve", "serve a recipe always-on on this machine: the deploy path, locally",
                 "run_cmd:cmd_serve")  # fmt: skip
     local_flags(p, server=True)
+
+    p = command("bench", "measure decode and prefill speed against the recipe's receipt",
+                "bench_cmd:cmd_bench")  # fmt: skip
+    p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--local", action="store_true",
+                       help="the server on this machine (the default; see --port)")  # fmt: skip
+    where.add_argument("-i", "--inventory", metavar="INVENTORY",
+                       help="every inventory host serving MODEL, through SSH")  # fmt: skip
+    where.add_argument("--url", metavar="URL", help="a server at http://HOST:PORT")
+    p.add_argument("--port", type=int, default=8080, metavar="N", help="local port (8080)")
+    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+    p.add_argument("--card", metavar="ID", help="the card's recipe (default: the model's first)")
+    p.add_argument("--runs", type=int, default=3, metavar="N", help="measured runs (default 3)")
+    p.add_argument("--tolerance", type=float, default=0.10, metavar="F",
+                   help="how far below the receipt still meets it (default 0.10)")  # fmt: skip
+    p.add_argument("--receipt", action="store_true",
+                   help="print the [receipt] table for the measured numbers")  # fmt: skip
+    _recipes_flag(p)
 
     p = command("status", "what each host serves: model, port, health, tuning, drift",
                 "status_cmd:cmd_status")  # fmt: skip

@@ -38,7 +38,7 @@ def tiny_recipe(hosts_json: Mapping[str, Any], commit: str, **run: Any) -> dict[
             "release": "engine-cpu-test", "arch": "cpu", "image": hosts_json["image"]["ref"],
         },
         "run": {
-            "alias": TINY_REPO, "context": 512, "threads_max": 2,
+            "alias": TINY_REPO, "context": 4096, "threads_max": 2,
             "args": ["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"],
             "env": {"LLAMA_LOG_COLORS": "off"},
         },
