@@ -36,7 +36,9 @@ from tensorless_deploy.render import (
     render_service,
 )
 
-Outcome = Literal["changed", "unchanged", "failed", "skipped", "would change", "no change"]
+Outcome = Literal[
+    "changed", "unchanged", "failed", "skipped", "would change", "no change", "untouched"
+]
 ENGINE_BINS = {"podman": "/usr/bin/podman", "docker": "/usr/bin/docker"}
 
 
@@ -62,7 +64,7 @@ class HostResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome not in ("failed", "skipped")
+        return self.outcome not in ("failed", "skipped", "untouched")
 
 
 @dataclass(frozen=True)
@@ -303,3 +305,35 @@ def stop(inventory: Any, hosts: Sequence[Any], catalog: Catalog, model: str,
         results.append(HostResult(h.name, outcome, None, steps=(StepResult("stop", outcome,
                                                                           lines),)))  # fmt: skip
     return results
+
+
+def roll(inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest,
+         serial: int) -> list[HostResult]:  # fmt: skip
+    """deploy --serial N: N hosts at a time, the next batch only once this one is healthy; the
+    first host that fails (restored to its previous unit by deploy itself) stops the roll, and
+    the hosts after it are left untouched."""
+    results: list[HostResult] = []
+    stopped_by: str | None = None
+    for start in range(0, len(hosts), serial):
+        batch = hosts[start : start + serial]
+        if stopped_by is not None:
+            results += [HostResult(h.name, "untouched", f"the roll stopped at {stopped_by}")
+                        for h in batch]  # fmt: skip
+            continue
+        done = deploy(inventory, batch, catalog, request)
+        results += done
+        bad = [r.host for r in done if not r.ok]
+        if bad:
+            stopped_by = ", ".join(bad)
+    return results
+
+
+def serving_digests(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
+                    model: str) -> dict[str, str | None]:  # fmt: skip
+    """Which recipe digest each host's unit for MODEL serves now (None: none, or unreachable)."""
+    names = {unit_name(e.recipe) for e in catalog.find(model)}
+    out: dict[str, str | None] = {}
+    for h in fleet_status(inventory, hosts, catalog):
+        unit = next((u for u in h.units if u.unit in names), None)
+        out[h.host] = unit.recipe_digest if unit is not None and unit.healthy else None
+    return out

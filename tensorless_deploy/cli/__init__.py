@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this host (repeatable)")  # fmt: skip
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument("--dry", action="store_true", help="show what would change; change nothing")
+    p.add_argument("--serial", type=int, metavar="N",
+                   help="roll N hosts at a time; the first failure stops the roll")  # fmt: skip
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
     p.add_argument("--context", type=int, metavar="N",
                    help="context instead of the recipe's (marks the run untuned)")  # fmt: skip

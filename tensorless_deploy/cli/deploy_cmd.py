@@ -9,12 +9,12 @@ from typing import Any
 from tensorless_deploy.cli.catalog_cmds import catalog_from
 from tensorless_deploy.cli.output import emit_json, paint
 from tensorless_deploy.decisions import Options
-from tensorless_deploy.deployer import DeployRequest, HostResult, deploy
+from tensorless_deploy.deployer import DeployRequest, HostResult, deploy, roll, serving_digests
 from tensorless_deploy.errors import UsageError
 from tensorless_deploy.fleet import is_ip_address, load_inventory, select_hosts
 
 COLOURS = {"changed": "33", "unchanged": "32", "no change": "32", "would change": "33",
-           "failed": "1;31", "skipped": "1;31"}  # fmt: skip
+           "failed": "1;31", "skipped": "1;31", "untouched": "33"}  # fmt: skip
 
 
 def hf_token() -> str | None:
@@ -61,6 +61,19 @@ def print_results(results: list[HostResult], verbose: int) -> None:
                     print(f"    {line}")
 
 
+def print_roll(results: list[HostResult], serving: dict[str, str | None]) -> None:
+    """After a roll: which hosts serve the new recipe, which still the old."""
+    new = next((r.recipe_digest for r in results if r.ok and r.recipe_digest), None)
+    groups: dict[str, list[str]] = {}
+    for r in results:
+        now = serving.get(r.host)
+        key = ("new recipe " + (now or "")[:19]) if now and now == new else (
+            f"old recipe {now[:19]}" if now else "nothing healthy")  # fmt: skip
+        groups.setdefault(key, []).append(f"{r.host} ({r.outcome})")
+    for key, names in groups.items():
+        print(f"{key}: {', '.join(names)}")
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     catalog = catalog_from(args)
     catalog.find(args.model)
@@ -73,11 +86,22 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     extra = tuple(args.extra)
     request = DeployRequest(args.model, base, args.context, extra, args.dry,
                             None if args.dry else hf_token(), override)  # fmt: skip
-    results = deploy(inventory, hosts, catalog, request)
+    if args.serial is not None and args.serial < 1:
+        raise UsageError(f"--serial {args.serial}: must be 1 or more hosts at a time")
+    if args.serial and not args.dry:
+        results = roll(inventory, hosts, catalog, request, args.serial)
+        serving = serving_digests(inventory, hosts, catalog, args.model)
+    else:
+        results = deploy(inventory, hosts, catalog, request)
+        serving = {}
     if args.json:
-        emit_json({"ok": all(r.ok for r in results), "hosts": [result_json(r) for r in results]})
+        rows = [result_json(r) | ({"serving_digest": serving.get(r.host)} if serving else {})
+                for r in results]  # fmt: skip
+        emit_json({"ok": all(r.ok for r in results), "hosts": rows})
     else:
         print_results(results, args.verbose)
+        if serving:
+            print_roll(results, serving)
         bad = [r.host for r in results if not r.ok]
         print(f"{len(results) - len(bad)} of {len(results)} host(s) serving"
               + (f"; failed or skipped: {', '.join(bad)}" if bad else ""),
