@@ -59,6 +59,7 @@ class HostResult:
     card: str | None = None
     address: str | None = None
     tuning: Tuning | None = None
+    transfer: str | None = None  # how model and image got there: pull or push, and why
     failed_checks: tuple[Check, ...] = ()
     steps: tuple[StepResult, ...] = field(default_factory=tuple)
 
@@ -76,6 +77,7 @@ class DeployRequest:
     dry: bool = False
     token: str | None = None
     override: dict[str, Any] = field(default_factory=dict)  # explicit --port / --bind
+    transfer: str = "auto"  # pull: hosts fetch; push: the controller sends; auto: per host
 
 
 def existing_on_host(state: Any, host: Any, entry: Entry, options: Options) -> Existing:
@@ -190,6 +192,22 @@ def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
                                              entry.digest, recipe.card.id)  # fmt: skip
 
         steps: dict[str, dict[str, Any]] = {}
+        transfers: dict[str, str] = {}
+        if plans:
+            modes = choose_transfer(state, by_name, plans, request.transfer)
+            transfers = {n: f"{m} ({why})" for n, (m, why) in modes.items()}
+            pushing = {n: p for n, p in plans.items() if modes[n][0] == "push"}
+            if pushing:
+                pushing = pushing_plans(pushing)
+                plans.update(pushing)
+                if not request.dry:
+                    errors, sent = push(state, by_name, pushing, entries, request.token)
+                    for name, what in sent.items():
+                        transfers[name] += f"; {what}"
+                    for name, error in errors.items():
+                        plans.pop(name)
+                        results[name] = HostResult(name, "failed", error,
+                                                   transfer=transfers[name])  # fmt: skip
         if plans:
             state.set_stage(StateStage.Prepare)
             for name, plan in plans.items():
@@ -219,7 +237,7 @@ def deploy(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
                 name, outcome, reason, plan.recipe_path, plan.recipe_digest,
                 plan.recipe_path.rsplit("/", 1)[-1].removesuffix(".toml"),
                 f"{'[' + bind + ']' if ':' in bind else bind}:{plan.spec.port}",
-                plan.spec.tuning, (), step_results,
+                plan.spec.tuning, transfers.get(name), (), step_results,
             )  # fmt: skip
     finally:
         disconnect(hosts)
@@ -337,3 +355,93 @@ def serving_digests(inventory: Any, hosts: Sequence[Any], catalog: Catalog,
         unit = next((u for u in h.units if u.unit in names), None)
         out[h.host] = unit.recipe_digest if unit is not None and unit.healthy else None
     return out
+
+
+def _registry(image: str) -> str:
+    first = image.split("/", 1)[0]
+    return first if ("." in first or ":" in first or first == "localhost") else "docker.io"
+
+
+def choose_transfer(state: Any, by_name: dict[str, Any], plans: dict[str, Any],
+                    mode: str) -> dict[str, tuple[str, str]]:  # fmt: skip
+    """pull or push per host, and why. auto: a cheap check from the host itself (HEAD of the
+    model URL, GET of the registry's /v2/): push where either cannot be reached."""
+    from tensorless_deploy.ops.facts import HttpStatus
+
+    out: dict[str, tuple[str, str]] = {}
+    for name, plan in plans.items():
+        if mode != "auto":
+            out[name] = (mode, f"--transfer {mode}")
+            continue
+        h = by_name[name]
+        model = host_fact(state, h, HttpStatus, url=plan.url, head=True)
+        reg = _registry(plan.spec.image)
+        registry = max(host_fact(state, h, HttpStatus, url=f"{scheme}://{reg}/v2/")
+                       for scheme in ("https", "http"))  # fmt: skip
+        if model and registry:
+            out[name] = ("pull", "the host reaches the model server and the registry")
+        else:
+            gone = [what for what, code in (("model server", model), ("registry", registry))
+                    if not code]  # fmt: skip
+            out[name] = ("push", f"the host cannot reach the {' or the '.join(gone)}")
+    return out
+
+
+def pushing_plans(plans: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    from tensorless_deploy.transfer import remote_image_path
+
+    return {n: dataclasses.replace(p, transfer="push", archive=remote_image_path(p.spec.image))
+            for n, p in plans.items()}  # fmt: skip
+
+
+def push(state: Any, by_name: dict[str, Any], plans: dict[str, Any], entries: Sequence[Entry],
+         token: str | None) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """Fetch model and image once on the controller, send them to every host that lacks them
+    (resuming partial files, each byte read once). Returns the hosts that failed, with why, and
+    what was sent to each host."""
+    from tensorless_deploy.local import LocalError, fetch_model, hub_cache_dir
+    from tensorless_deploy.ops.facts import ImagePresent, ModelBlob
+    from tensorless_deploy.transfer import TransferError, broadcast, image_archive, open_receivers
+
+    failed: dict[str, str] = {}
+    sent: dict[str, list[str]] = {}
+    by_sha = {e.recipe.model.sha256: e for e in entries}
+    for sha in {p.sha256 for p in plans.values()}:
+        group = {n: p for n, p in plans.items() if p.sha256 == sha}
+        recipe = by_sha[sha].recipe
+        needs_model = [n for n, p in group.items()
+                       if not host_fact(state, by_name[n], ModelBlob, blob=p.paths.blob,
+                                        stamp=p.paths.stamp, snapshot=p.paths.snapshot).exists]
+        needs_image = [n for n, p in group.items()
+                       if not host_fact(state, by_name[n], ImagePresent,
+                                        engine_bin=p.engine_bin, image=p.spec.image)]  # fmt: skip
+        try:
+            if needs_model:
+                blob, _ = fetch_model(recipe, hub_cache_dir(), token=token)
+                receivers = open_receivers(
+                    [(n, by_name[n], group[n].paths.partial) for n in needs_model],
+                    recipe.model.size_bytes,
+                )
+                starts = {r.host: r.offset for r in receivers}
+                broadcast(blob, receivers)
+                failed.update({r.host: r.error for r in receivers if r.error})
+                for r in receivers:
+                    sent.setdefault(r.host, []).append(
+                        f"model: sent {r.sent} bytes (resumed from {starts[r.host]})")
+            if needs_image:
+                archive = image_archive(recipe.engine.image)
+                receivers = open_receivers(
+                    [(n, by_name[n], group[n].archive) for n in needs_image],
+                    archive.stat().st_size,
+                )
+                starts = {r.host: r.offset for r in receivers}
+                broadcast(archive, receivers)
+                failed.update({r.host: r.error for r in receivers if r.error})
+                for r in receivers:
+                    sent.setdefault(r.host, []).append(
+                        f"image: sent {r.sent} bytes (resumed from {starts[r.host]})")
+        except (LocalError, TransferError) as exc:
+            failed.update({n: f"push: {exc.message}" for n in group})
+    return failed, {n: "; ".join(parts) for n, parts in sent.items()}

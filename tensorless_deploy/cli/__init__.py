@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this host (repeatable)")  # fmt: skip
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument("--dry", action="store_true", help="show what would change; change nothing")
+    p.add_argument("--transfer", choices=("auto", "pull", "push"), default="auto",
+                   help="pull: hosts fetch model and image; push: this machine sends them; "
+                   "auto (default): push only where a host cannot reach them")  # fmt: skip
     p.add_argument("--serial", type=int, metavar="N",
                    help="roll N hosts at a time; the first failure stops the roll")  # fmt: skip
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")

@@ -28,7 +28,7 @@ def result_json(r: HostResult) -> dict[str, Any]:
     return {
         "host": r.host, "outcome": r.outcome, "ok": r.ok, "reason": r.reason,
         "recipe": r.recipe, "recipe_digest": r.recipe_digest, "card": r.card,
-        "address": r.address,
+        "address": r.address, "transfer": r.transfer,
         "tuned": None if r.tuning is None else r.tuning.tuned,
         "untuned_reasons": [] if r.tuning is None else list(r.tuning.reasons),
         "failed_checks": [{"id": c.id, "evidence": c.evidence, "fix": c.fix}
@@ -46,6 +46,8 @@ def print_results(results: list[HostResult], verbose: int) -> None:
         if r.address and r.ok:
             head += f"  serving on {r.address}"
         print(head)
+        if r.transfer and r.transfer.startswith("push"):
+            print(f"  transfer: {r.transfer}")
         if r.tuning is not None and not r.tuning.tuned:
             print("  " + paint("untuned", "33") + ": " + "; ".join(r.tuning.reasons)
                   + " (the receipt's numbers do not apply)")  # fmt: skip
@@ -85,7 +87,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     hosts = select_hosts(inventory, args.limit or [])
     extra = tuple(args.extra)
     request = DeployRequest(args.model, base, args.context, extra, args.dry,
-                            None if args.dry else hf_token(), override)  # fmt: skip
+                            None if args.dry else hf_token(), override,
+                            args.transfer)  # fmt: skip
     if args.serial is not None and args.serial < 1:
         raise UsageError(f"--serial {args.serial}: must be 1 or more hosts at a time")
     if args.serial and not args.dry:

@@ -31,6 +31,8 @@ class HostPlan:
     url: str
     sha256: str
     size: int
+    transfer: str = "pull"  # or "push": the controller sends model and image
+    archive: str | None = None  # where a pushed image archive lands on the host
 
 
 @deploy("tensorless-deploy: serve a recipe")
@@ -38,12 +40,14 @@ def serve_recipe(plan: HostPlan, token: str | None, steps: dict[str, dict[str, A
     """image by digest -> verified model -> unit -> (re)start -> /health, each step's
     OperationMeta kept in steps[host][name] for the report."""
     metas: dict[str, Any] = {}
+    pushed = plan.transfer == "push"
     metas["image"] = image_pulled(
-        name="engine image by digest", engine_bin=plan.engine_bin, image=plan.spec.image
-    )
+        name="engine image by digest", engine_bin=plan.engine_bin, image=plan.spec.image,
+        archive=plan.archive if pushed else None,
+    )  # fmt: skip
     metas["model"] = model_file(
         name="model file, sha256-verified", paths=plan.paths, url=plan.url,
-        sha256=plan.sha256, size=plan.size, token=token,
+        sha256=plan.sha256, size=plan.size, token=None if pushed else token, pushed=pushed,
     )  # fmt: skip
     unit = unit_installed(name="unit file", unit=plan.unit, quadlet_bin=plan.quadlet_bin)
     metas["unit"] = unit

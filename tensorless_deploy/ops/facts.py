@@ -111,10 +111,10 @@ class UnitActive(FactBase[ServiceState]):
 class HttpStatus(FactBase[int]):
     """The HTTP status a GET of url answers on the host (0: no connection)."""
 
-    def command(self, url: str) -> str:
+    def command(self, url: str, head: bool = False) -> str:
         return (
-            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {shlex.quote(url)} "
-            "2>/dev/null || true"
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {'-I ' if head else ''}"
+            f"{shlex.quote(url)} 2>/dev/null || true"
         )
 
     def process(self, output: Iterable[str]) -> int:

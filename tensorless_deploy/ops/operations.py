@@ -32,11 +32,29 @@ def _sh(script: str, **params: str | int) -> StringCommand:
     return StringCommand("sh -c " + shlex.quote("set -u\n" + binds + script))
 
 
+_LOAD = """
+id=$("$engine" pull -q "oci-archive:$archive" 2>&1) || {
+  echo "loading the pushed image failed: $id" >&2; rm -f "$archive"; exit 1; }
+got=$("$engine" image inspect --format '{{.Digest}}' "$id")
+rm -f "$archive"
+if [ "$got" != "$digest" ]; then
+  "$engine" rmi -f "$id" >/dev/null 2>&1
+  echo "the pushed image has digest $got, not $digest: refused and removed" >&2
+  exit 1
+fi
+echo "loaded the pushed image $digest"
+"""
+
+
 @operation(is_idempotent=True)
-def image_pulled(engine_bin: str, image: str) -> Commands:
-    """The engine image, by digest: pulled once, noop when the engine has it."""
+def image_pulled(engine_bin: str, image: str, archive: str | None = None) -> Commands:
+    """The engine image, by digest: pulled once, noop when the engine has it. With archive
+    (pushed by the controller), loaded from it and refused unless its digest is the recipe's."""
     if host.get_fact(ImagePresent, engine_bin=engine_bin, image=image):
         host.noop(f"image {image.rpartition('@')[2][:19]} already present")
+        return
+    if archive:
+        yield _sh(_LOAD, engine=engine_bin, archive=archive, digest=image.rpartition("@")[2])
         return
     yield StringCommand(shlex.quote(engine_bin), "pull", "-q", shlex.quote(image))
 
@@ -86,6 +104,23 @@ mv -f "$partial" "$blob"
 echo "downloaded $((size - start)) bytes (resumed from $start), sha256 verified"
 """.replace("@HASH@", HASH).replace("@ATTEMPTS@", str(DOWNLOAD_ATTEMPTS))
 
+_ARRIVED = """
+hashit() { @HASH@; }
+have=$(stat -c %s "$partial" 2>/dev/null || echo 0)
+if [ "$have" -ne "$size" ]; then
+  echo "the pushed model is $have of $size bytes; run deploy again to resume" >&2
+  exit 1
+fi
+got=$(hashit "$partial")
+if [ "$got" != "$sha" ]; then
+  rm -f "$partial"
+  echo "the pushed model has sha256 $got, not $sha: refused and deleted" >&2
+  exit 1
+fi
+mv -f "$partial" "$blob"
+echo "pushed model verified: sha256 $sha"
+""".replace("@HASH@", HASH)
+
 _STAMP_AND_LINK = """
 mkdir -p "$(dirname "$stamp")" "$(dirname "$snapshot")"
 ln -sfn "$target" "$snapshot"
@@ -95,7 +130,8 @@ echo "$(stat -c '%s %Y' "$blob")" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
 
 @operation(is_idempotent=True)
 def model_file(
-    paths: CachePaths, url: str, sha256: str, size: int, token: str | None = None
+    paths: CachePaths, url: str, sha256: str, size: int, token: str | None = None,
+    pushed: bool = False,
 ) -> Commands:
     """The GGUF in the Hugging Face cache layout: downloaded with resume through a partial
     file, sha256-verified before it is renamed into place, not hashed again while its size and
@@ -113,6 +149,9 @@ def model_file(
         return
     if state.exists:
         yield _sh(_VERIFY + _STAMP_AND_LINK, **params)
+        return
+    if pushed:  # the controller sent the bytes into the partial file: verify on arrival
+        yield _sh(_ARRIVED + _STAMP_AND_LINK, **params)
         return
     auth = ""
     if token:
