@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,13 +144,19 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _dotted(loc: tuple[int | str, ...]) -> str:
+    """model.sha256, run.args[2]; a key that is not a bare TOML key is quoted, so a newline or
+    other odd character in a key can never break the one-line error."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + part
+            key = part if _BARE_KEY.fullmatch(part) else json.dumps(part, ensure_ascii=True)
+            out += ("." if out else "") + key
     return out or "(top level)"
 
 
