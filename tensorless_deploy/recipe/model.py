@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Literal
@@ -46,6 +47,11 @@ IMAGE_NAME = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ZERO40 = "0" * 40
 ZERO64 = "0" * 64
+
+
+def _q(value: str) -> str:
+    """A value shown in an error: quoted and escaped, so the error stays one line."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _no_control(value: str) -> str:
@@ -105,7 +111,7 @@ class ModelSection(RecipeModel):
     def _name(cls, v: str | None) -> str | None:
         if v is not None and not SHORT_NAME.fullmatch(v):
             raise ValueError(
-                f'must be lowercase letters, digits, ".", "_" and "-" only ("{v}")'
+                f'must be lowercase letters, digits, ".", "_" and "-" only ({_q(v)})'
             )
         return v
 
@@ -120,7 +126,7 @@ class ModelSection(RecipeModel):
         if not HF_REPO.fullmatch(v) or ".." in v or "--" in v:
             raise ValueError(
                 'must be a Hugging Face repository id "org/name" (letters, digits, ".", "_", '
-                f'"-"; no ".." or "--") ("{v}")'
+                f'"-"; no ".." or "--") ({_q(v)})'
             )
         return v
 
@@ -129,7 +135,7 @@ class ModelSection(RecipeModel):
     def _revision(cls, v: str) -> str:
         if not HEX40.fullmatch(v):
             raise ValueError(
-                f'must be a 40-character lowercase hex commit, not a branch or tag ("{v}")'
+                f'must be a 40-character lowercase hex commit, not a branch or tag ({_q(v)})'
             )
         return v
 
@@ -147,7 +153,7 @@ class ModelSection(RecipeModel):
         ):
             raise ValueError(
                 "must be a clean relative path with forward slashes (no leading /, no . or .. "
-                f'segments, no \\ or :) ("{v}")'
+                f'segments, no \\ or :) ({_q(v)})'
             )
         return v
 
@@ -155,7 +161,7 @@ class ModelSection(RecipeModel):
     @classmethod
     def _sha256(cls, v: str) -> str:
         if not HEX64.fullmatch(v):
-            raise ValueError(f'must be 64 lowercase hex characters ("{v}")')
+            raise ValueError(f'must be 64 lowercase hex characters ({_q(v)})')
         return v
 
     @field_validator("size_bytes")
@@ -197,7 +203,7 @@ class CardSection(RecipeModel):
     def _id(cls, v: str) -> str:
         if not SHORT_NAME.fullmatch(v):
             raise ValueError(
-                f'must be lowercase letters, digits, ".", "_" and "-" only ("{v}")'
+                f'must be lowercase letters, digits, ".", "_" and "-" only ({_q(v)})'
             )
         return v
 
@@ -210,7 +216,7 @@ class CardSection(RecipeModel):
     @classmethod
     def _cc(cls, v: str) -> str:
         if not COMPUTE_CAP.fullmatch(v):
-            raise ValueError(f'must be MAJOR.MINOR as nvidia-smi prints compute_cap ("{v}")')
+            raise ValueError(f'must be MAJOR.MINOR as nvidia-smi prints compute_cap ({_q(v)})')
         return v
 
     @field_validator("min_memory_mib")
@@ -224,7 +230,7 @@ class CardSection(RecipeModel):
     @classmethod
     def _driver(cls, v: str) -> str:
         if not DOTTED_VERSION.fullmatch(v):
-            raise ValueError(f'must be a dotted version such as "525.60.13" ("{v}")')
+            raise ValueError(f'must be a dotted version such as "525.60.13" ({_q(v)})')
         return v
 
 
@@ -252,7 +258,7 @@ class EngineSection(RecipeModel):
     @classmethod
     def _arch(cls, v: str) -> str:
         if not ARCH.fullmatch(v):
-            raise ValueError(f'must be lowercase letters, digits and "_", such as "sm60" ("{v}")')
+            raise ValueError(f'must be lowercase letters, digits and "_", such as "sm60" ({_q(v)})')
         return v
 
     @field_validator("image")
@@ -260,17 +266,19 @@ class EngineSection(RecipeModel):
     def _image(cls, v: str) -> str:
         name, at, digest = v.partition("@")
         if not at:
-            raise ValueError(f'must be pinned by digest, "name@sha256:<64 hex>", not a tag ("{v}")')
+            raise ValueError(
+                f'must be pinned by digest, "name@sha256:<64 hex>", not a tag ({_q(v)})'
+            )
         last = name.rsplit("/", 1)[-1]
         if ":" in last:
             raise ValueError(
-                f'must be "name@sha256:<64 hex>" without a tag before the digest ("{v}")'
+                f'must be "name@sha256:<64 hex>" without a tag before the digest ({_q(v)})'
             )
         if not IMAGE_NAME.fullmatch(name):
-            raise ValueError(f'has an invalid image name "{name}" ("{v}")')
+            raise ValueError(f'has an invalid image name {_q(name)} ({_q(v)})')
         algo, _, hexpart = digest.partition(":")
         if algo != "sha256" or not HEX64.fullmatch(hexpart):
-            raise ValueError(f'must end in "@sha256:" and 64 lowercase hex characters ("{v}")')
+            raise ValueError(f'must end in "@sha256:" and 64 lowercase hex characters ({_q(v)})')
         return v
 
     @property
@@ -315,7 +323,7 @@ class RunSection(RecipeModel):
     @classmethod
     def _alias(cls, v: str) -> str:
         if not ALIAS.fullmatch(v):
-            raise ValueError(f'must be letters, digits, ".", "_", "-" and "/" only ("{v}")')
+            raise ValueError(f'must be letters, digits, ".", "_", "-" and "/" only ({_q(v)})')
         return v
 
     @field_validator("context", "threads_max")
@@ -344,12 +352,12 @@ class RunSection(RecipeModel):
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key, value in v.items():
             if not ENV_NAME.fullmatch(key):
-                raise ValueError(f'has "{key}", which is not a valid variable name')
+                raise ValueError(f'has {_q(key)}, which is not a valid variable name')
             if key in LAUNCHER_ENV:
-                raise ValueError(f'must not set "{key}": the launcher sets it')
+                raise ValueError(f'must not set {_q(key)}: the launcher sets it')
             if _CONTROL.search(value):
                 raise ValueError(
-                    f'value of "{key}" must not contain newlines or other control characters'
+                    f'value of {_q(key)} must not contain newlines or other control characters'
                 )
         return v
 
@@ -357,11 +365,11 @@ class RunSection(RecipeModel):
 def _measurements(v: dict[str, float], allowed: tuple[str, ...] | None) -> dict[str, float]:
     for key, num in v.items():
         if allowed is not None and key not in allowed:
-            raise ValueError(f'has unknown key "{key}" (allowed: {", ".join(allowed)})')
+            raise ValueError(f'has unknown key {_q(key)} (allowed: {", ".join(allowed)})')
         if not MEASURE_KEY.fullmatch(key):
-            raise ValueError(f'has key "{key}"; use lowercase letters, digits and "_"')
+            raise ValueError(f'has key {_q(key)}; use lowercase letters, digits and "_"')
         if not math.isfinite(num) or num < 0:
-            raise ValueError(f'value of "{key}" must be a finite number, not negative ({num})')
+            raise ValueError(f'value of {_q(key)} must be a finite number, not negative ({num})')
     return v
 
 
