@@ -53,7 +53,8 @@ def _deploy(inv: Path, cat: Path, env: dict[str, str], *extra: str) -> tuple[int
 
 @pytest.fixture
 def setting(tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host],
-            hf: HFServer, clean_hosts: None) -> dict[str, Any]:  # fmt: skip
+            hf: HFServer, reset_host: Any, clean_hosts: None) -> dict[str, Any]:  # fmt: skip
+    reset_host("gpu1", images=True)  # nothing there yet: model and image must both be sent
     registries = tmp_path / "registries.conf"
     registries.write_text(f'[[registry]]\nlocation = "{hosts_json["registry"]}"\ninsecure = true\n')
     env = {"HF_ENDPOINT": hf.url, "HF_HUB_CACHE": str(tmp_path / "hub"),

@@ -42,6 +42,10 @@ if [ "$got" != "$digest" ]; then
   echo "the pushed image has digest $got, not $digest: refused and removed" >&2
   exit 1
 fi
+# an archive carries no repository name: name it, so image@digest resolves without a pull
+"$engine" tag "$id" "$repo"
+"$engine" image exists "$image" || {
+  echo "the pushed image loaded but $image does not resolve to it" >&2; exit 1; }
 echo "loaded the pushed image $digest"
 """
 
@@ -54,7 +58,9 @@ def image_pulled(engine_bin: str, image: str, archive: str | None = None) -> Com
         host.noop(f"image {image.rpartition('@')[2][:19]} already present")
         return
     if archive:
-        yield _sh(_LOAD, engine=engine_bin, archive=archive, digest=image.rpartition("@")[2])
+        repo, _, digest = image.partition("@")
+        yield _sh(_LOAD, engine=engine_bin, archive=archive, digest=digest, repo=repo,
+                  image=image)  # fmt: skip
         return
     yield StringCommand(shlex.quote(engine_bin), "pull", "-q", shlex.quote(image))
 
