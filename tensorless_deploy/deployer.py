@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from tensorless_deploy.decisions import (
@@ -403,7 +404,7 @@ def push(state: Any, by_name: dict[str, Any], plans: dict[str, Any], entries: Se
     what was sent to each host."""
     from tensorless_deploy.local import LocalError, fetch_model, hub_cache_dir
     from tensorless_deploy.ops.facts import ImagePresent, ModelBlob
-    from tensorless_deploy.transfer import TransferError, broadcast, image_archive, open_receivers
+    from tensorless_deploy.transfer import TransferError, image_archive
 
     failed: dict[str, str] = {}
     sent: dict[str, list[str]] = {}
@@ -420,28 +421,26 @@ def push(state: Any, by_name: dict[str, Any], plans: dict[str, Any], entries: Se
         try:
             if needs_model:
                 blob, _ = fetch_model(recipe, hub_cache_dir(), token=token)
-                receivers = open_receivers(
-                    [(n, by_name[n], group[n].paths.partial) for n in needs_model],
-                    recipe.model.size_bytes,
-                )
-                starts = {r.host: r.offset for r in receivers}
-                broadcast(blob, receivers)
-                failed.update({r.host: r.error for r in receivers if r.error})
-                for r in receivers:
-                    sent.setdefault(r.host, []).append(
-                        f"model: sent {r.sent} bytes (resumed from {starts[r.host]})")
+                _send("model", blob, [(n, by_name[n], group[n].paths.partial)
+                                      for n in needs_model], failed, sent)  # fmt: skip
             if needs_image:
                 archive = image_archive(recipe.engine.image)
-                receivers = open_receivers(
-                    [(n, by_name[n], group[n].archive) for n in needs_image],
-                    archive.stat().st_size,
-                )
-                starts = {r.host: r.offset for r in receivers}
-                broadcast(archive, receivers)
-                failed.update({r.host: r.error for r in receivers if r.error})
-                for r in receivers:
-                    sent.setdefault(r.host, []).append(
-                        f"image: sent {r.sent} bytes (resumed from {starts[r.host]})")
+                _send("image", archive, [(n, by_name[n], group[n].archive)
+                                         for n in needs_image], failed, sent)  # fmt: skip
         except (LocalError, TransferError) as exc:
             failed.update({n: f"push: {exc.message}" for n in group})
     return failed, {n: "; ".join(parts) for n, parts in sent.items()}
+
+
+def _send(what: str, source: Path, targets: list[tuple[str, Any, str]],
+          failed: dict[str, str], sent: dict[str, list[str]]) -> None:  # fmt: skip
+    """One file to several hosts, each resuming from its partial; what went where is noted."""
+    from tensorless_deploy.transfer import broadcast, open_receivers
+
+    receivers = open_receivers(targets, source.stat().st_size)
+    starts = {r.host: r.offset for r in receivers}
+    broadcast(source, receivers)
+    failed.update({r.host: r.error for r in receivers if r.error})
+    for r in receivers:
+        sent.setdefault(r.host, []).append(
+            f"{what}: sent {r.sent} bytes (resumed from {starts[r.host]})")

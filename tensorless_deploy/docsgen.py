@@ -7,6 +7,8 @@ import json
 import os
 import sys
 import tempfile
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +45,19 @@ _TYPES = {
 
 
 def _type_name(annotation: Any) -> tuple[str, bool]:
-    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    text = text or str(annotation).replace("typing.", "")
-    optional = text.endswith(" | None")
-    base = text.removesuffix(" | None")
-    return _TYPES.get(base, base), optional
+    """The TOML type a field takes, and whether it is optional (Annotated rules unwrapped)."""
+    optional = False
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(annotation))
+        annotation = args[0]
+        origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    text = text.replace("typing.", "")
+    return _TYPES.get(text, text), optional
 
 
 def _rows(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 # Flags the launcher sets itself; a recipe's args must not carry them (seed 000, [run]).
 LAUNCHER_FLAGS: tuple[str, ...] = (
@@ -66,6 +66,17 @@ def _nonempty(value: str) -> str:
     return _no_control(value)
 
 
+def _short_name(value: str) -> str:
+    if not SHORT_NAME.fullmatch(value):
+        raise ValueError(f'must be lowercase letters, digits, ".", "_" and "-" only ({_q(value)})')
+    return value
+
+
+# Strings of the schema that share one rule, checked wherever they appear.
+ShortName = Annotated[str, AfterValidator(_short_name)]
+Text = Annotated[str, AfterValidator(_no_control)]
+
+
 class RecipeModel(BaseModel):
     """Base of every recipe table: strict types, unknown keys refused."""
 
@@ -75,13 +86,13 @@ class RecipeModel(BaseModel):
 class ModelSection(RecipeModel):
     """[model]: the weights file, pinned by repository commit and sha256."""
 
-    name: str | None = Field(
+    name: ShortName | None = Field(
         None,
         description="A short alias, such as `pn3`, that works anywhere a repo id does. "
         "Lowercase letters, digits, `.`, `_` and `-`. It must not equal any repo id, "
         "nor another model's short name; one model's cards share it.",
     )
-    title: str | None = Field(
+    title: Text | None = Field(
         None, description="A one-line human name, shown by `info` and `models --json`."
     )
     hf_repo: str = Field(
@@ -105,20 +116,6 @@ class ModelSection(RecipeModel):
         "Must not be negative. `0` marks the recipe unpublished."
     )
     license: str = Field(description="The model's license.")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str | None) -> str | None:
-        if v is not None and not SHORT_NAME.fullmatch(v):
-            raise ValueError(
-                f'must be lowercase letters, digits, ".", "_" and "-" only ({_q(v)})'
-            )
-        return v
-
-    @field_validator("title")
-    @classmethod
-    def _title(cls, v: str | None) -> str | None:
-        return None if v is None else _no_control(v)
 
     @field_validator("hf_repo")
     @classmethod
@@ -180,11 +177,11 @@ class ModelSection(RecipeModel):
 class CardSection(RecipeModel):
     """[card]: the GPU the recipe was measured on, and what a host's GPU must match."""
 
-    id: str = Field(
+    id: ShortName = Field(
         description="The card id, such as `p100`. Lowercase letters, digits, `.`, `_` and `-`. "
         "Must equal the file name without `.toml`."
     )
-    title: str | None = Field(
+    title: Text | None = Field(
         None, description="The card's human name, such as `NVIDIA Tesla P100 16 GB`."
     )
     compute_capability: str = Field(
@@ -197,20 +194,6 @@ class CardSection(RecipeModel):
         description='The oldest NVIDIA driver the recipe runs on, a dotted version such as '
         '`"525.60.13"`.'
     )
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, v: str) -> str:
-        if not SHORT_NAME.fullmatch(v):
-            raise ValueError(
-                f'must be lowercase letters, digits, ".", "_" and "-" only ({_q(v)})'
-            )
-        return v
-
-    @field_validator("title")
-    @classmethod
-    def _title(cls, v: str | None) -> str | None:
-        return None if v is None else _no_control(v)
 
     @field_validator("compute_capability")
     @classmethod
