@@ -7,7 +7,9 @@ Prints, as medians of --runs interleaved rounds:
   2. a fresh deploy to 1 host against the same deploy to every gpu host at once (parallel: the
      ratio should stay near 1);
   3. model bytes hashed per run: the file once per download, zero on a converged host.
-Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3]   (as root; hold the hosts lock)
+With --push, every host (legacy1 too) gets model and image pushed from this machine
+(`--transfer push`), images removed between rounds, so 1 vs N measures the push fan-out.
+Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push]   (root; hold the hosts lock)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
-from tests.hosts.harness import apply_profile, base_dir, load_hosts, load_hosts_json
+from tests.hosts.harness import apply_profile, base_dir, load_hosts, load_hosts_json, ssh_run
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import TINY_COMMIT
 
@@ -50,12 +52,15 @@ def hosts_hashing(report: dict[str, object]) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
-    runs = ap.parse_args().runs
+    ap.add_argument("--push", action="store_true", help="--transfer push to every host")
+    opts = ap.parse_args()
+    runs = opts.runs
     if not (base_dir() / "hosts.json").exists():
         print("bench: no test hosts (run tests/hosts/setup.sh first); skipped")
         return 0
     hosts_json = load_hosts_json()
-    gpu = [h for n, h in sorted(load_hosts().items()) if n.startswith("gpu")]
+    hosts = load_hosts()
+    gpu = [h for n, h in sorted(hosts.items()) if n.startswith("gpu") or opts.push]
     for h in gpu:
         apply_profile(h, "p100")
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=base_dir()))
@@ -64,21 +69,34 @@ def main() -> int:
         hf.publish(hosts_json["tiny_gguf"]["hf_repo"],
                    {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
                    commit=TINY_COMMIT)  # fmt: skip
-        env = {"HF_ENDPOINT": hf.url}
+        env = {"HF_ENDPOINT": hf.url, "XDG_CACHE_HOME": str(work / "xdg"),
+               "HF_HUB_CACHE": str(work / "hub")}  # fmt: skip
+        if opts.push:
+            reg = work / "registries.conf"
+            location = hosts_json["registry"]
+            reg.write_text(f'[[registry]]\nlocation = "{location}"\ninsecure = true\n')
+            env["CONTAINERS_REGISTRIES_CONF"] = str(reg)
         catalog = str(write_catalog(work / "recipes", tiny_recipe(hosts_json, TINY_COMMIT)))
         inv = str(write_inventory(work / "inventory.py", gpu))
         limit_one = ["--limit", gpu[0].name]
-        deploy = ["deploy", "-i", inv, "tiny", "--recipes", catalog]
+        deploy = ["deploy", "-i", inv, "tiny", "--recipes", catalog,
+                  *(["--transfer", "push"] if opts.push else [])]  # fmt: skip
         purge = ["stop", "tiny", "-i", inv, "--recipes", catalog, "--purge"]
         bare = [sys.executable, "-m", "pyinfra", "-y", inv, "fact", "server.Hostname"]
         converged, facts, one, many = [], [], [], []
         hashed_fresh = hashed_converged = 0
-        for _ in range(runs):
+        def fresh() -> None:
             timed(purge, env)
+            if opts.push:  # the image must travel again too
+                for h in gpu:
+                    ssh_run(h, "podman rmi -af >/dev/null 2>&1 || true", timeout=120)
+
+        for _ in range(runs):
+            fresh()
             hf.reset_stats()
             dt, report = timed(deploy + limit_one, env)
             one.append(dt)
-            timed(purge, env)
+            fresh()
             dt, report = timed(deploy, env)
             many.append(dt)
             hashed_fresh = size * hosts_hashing(report)

@@ -5,6 +5,7 @@ nvidia-smi and nvidia-ctk replaying a P100, its device nodes, and a CDI spec (al
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -41,12 +42,10 @@ devices:
 PORT = 18080
 
 
-@pytest.fixture
-def local_gpu(tmp_path: Path, hosts_json: dict[str, Any]) -> Iterator[dict[str, str]]:
+@contextlib.contextmanager
+def p100_standin(tmp_path: Path, hosts_json: dict[str, Any]) -> Iterator[dict[str, str]]:
     """This machine made to look like a P100 host, and its podman pointed at the harness's
     configuration and the test registry; everything is put back afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root for device nodes and the CDI spec")
     made: list[Path] = []
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -91,6 +90,14 @@ def local_gpu(tmp_path: Path, hosts_json: dict[str, Any]) -> Iterator[dict[str, 
             shutil.rmtree(cdi_dir, ignore_errors=True)
         for p in reversed(made):
             p.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def local_gpu(tmp_path: Path, hosts_json: dict[str, Any]) -> Iterator[dict[str, str]]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root for device nodes and the CDI spec")
+    with p100_standin(tmp_path, hosts_json) as env:
+        yield env
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
