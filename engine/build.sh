@@ -29,13 +29,13 @@ pin() {  # FILE NAME -> the default value of `ARG NAME=value` (empty when absent
 }
 
 check_pins() {  # ARCH: every pin well-formed and filled; prints each problem, returns 1 if any
-  local arch=$1 file bad=0 repo commit sha from n=0 arches
+  local arch=$1 file bad=0 url tree sha from n=0 arches
   file=$(containerfile "$arch") || return 1
-  repo=$(pin "$file" LLAMA_CPP_REPO); commit=$(pin "$file" LLAMA_CPP_COMMIT); sha=$(pin "$file" LLAMA_CPP_SHA256)
-  if [[ ! $repo =~ ^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$ ]]; then
-    echo "build.sh: $arch: ARG LLAMA_CPP_REPO='$repo' is not owner/name" >&2; bad=1; fi
-  if [[ ! $commit =~ ^[0-9a-f]{40}$ ]]; then
-    echo "build.sh: $arch: ARG LLAMA_CPP_COMMIT='$commit' is not a 40-hex commit (never a branch or tag)" >&2; bad=1; fi
+  url=$(pin "$file" LLAMA_CPP_URL); tree=$(pin "$file" LLAMA_CPP_TREE); sha=$(pin "$file" LLAMA_CPP_SHA256)
+  if [[ ! $url =~ ^https://(files\.pythonhosted\.org/packages/[0-9a-f/]+/[A-Za-z0-9_.-]+\.tar\.gz|github\.com/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+/archive/[0-9a-f]{40}\.tar\.gz)$ ]]; then
+    echo "build.sh: $arch: ARG LLAMA_CPP_URL='$url' is neither a PyPI sdist file nor a GitHub archive of a 40-hex commit" >&2; bad=1; fi
+  if [[ ! $tree =~ ^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$ ]] || [[ $tree == *..* ]]; then
+    echo "build.sh: $arch: ARG LLAMA_CPP_TREE='$tree' is not a clean path inside the archive" >&2; bad=1; fi
   if [[ $sha == *PLACEHOLDER* ]]; then
     echo "build.sh: $arch: ARG LLAMA_CPP_SHA256 is a placeholder; fill it as engine/README.md says (engine/build.sh --print-sha256 $arch, then verify)" >&2; bad=1
   elif [[ ! $sha =~ ^[0-9a-f]{64}$ ]]; then
@@ -69,7 +69,6 @@ image_tag() {  # RELEASE ARCH -> the pushed tag, engine-v0.1.0 + sm60 -> 0.1.0-s
   echo "${release#engine-v}-$arch"
 }
 
-archive_url() { echo "https://github.com/$1/archive/$2.tar.gz"; }
 
 # --- effects (release machine only) ---------------------------------------------------------
 
@@ -95,22 +94,22 @@ check_base() {  # ENGINE REF: pull by digest, then check the image is the CUDA v
   echo "build.sh: base $ref (CUDA_VERSION=$got)"
 }
 
-fetch_archive() {  # REPO COMMIT DEST: download the archive (nothing is trusted until sha256sum -c)
+fetch_archive() {  # URL DEST: download the archive (nothing is trusted until sha256sum -c)
   command -v curl >/dev/null || die "curl is not installed"
-  curl -fsSL --retry 3 -o "$3" "$(archive_url "$1" "$2")" || die "cannot download $(archive_url "$1" "$2")"
+  curl -fsSL --retry 3 -o "$2" "$1" || die "cannot download $1"
 }
 
 build() {
-  local arch=$1 release=$2 push=$3 file engine repo commit sha local_tag digest tag
+  local arch=$1 release=$2 push=$3 file engine url tree sha local_tag digest tag
   check_pins "$arch" || die "$arch: refused, fix the pins above first"
   [ -z "$push" ] || [ "$release" != unreleased ] || die "--push needs --release engine-vX.Y.Z"
   [ "$release" = unreleased ] || image_tag "$release" "$arch" >/dev/null
   file=$(containerfile "$arch"); engine=$(pick_engine)
-  repo=$(pin "$file" LLAMA_CPP_REPO); commit=$(pin "$file" LLAMA_CPP_COMMIT); sha=$(pin "$file" LLAMA_CPP_SHA256)
+  url=$(pin "$file" LLAMA_CPP_URL); tree=$(pin "$file" LLAMA_CPP_TREE); sha=$(pin "$file" LLAMA_CPP_SHA256)
   CTX=$(mktemp -d); trap 'rm -rf "$CTX"' EXIT
   local ctx=$CTX
-  echo "build.sh: downloading $(archive_url "$repo" "$commit")"
-  fetch_archive "$repo" "$commit" "$ctx/llama.cpp.tar.gz"
+  echo "build.sh: downloading $url"
+  fetch_archive "$url" "$ctx/llama.cpp.tar.gz"
   (cd "$ctx" && echo "$sha  llama.cpp.tar.gz" | sha256sum -c --quiet -) \
     || die "llama.cpp archive sha256 is $(sha256sum "$ctx/llama.cpp.tar.gz" | cut -d' ' -f1), pinned $sha: refused"
   echo "build.sh: archive sha256 ok ($sha)"
@@ -119,7 +118,7 @@ build() {
     < <(awk 'toupper($1) == "FROM" { for (i = 2; i <= NF; i++) if ($i !~ /^--/) { print $i; break } }' "$file")
   local_tag="localhost/tensorless-engine:${release#engine-v}-$arch"
   "$engine" build -f "$ctx/Containerfile" -t "$local_tag" \
-    --build-arg "LLAMA_CPP_REPO=$repo" --build-arg "LLAMA_CPP_COMMIT=$commit" \
+    --build-arg "LLAMA_CPP_URL=$url" --build-arg "LLAMA_CPP_TREE=$tree" \
     --build-arg "LLAMA_CPP_SHA256=$sha" --build-arg "ENGINE_RELEASE=$release" "$ctx"
   echo "build.sh: built $local_tag"
   [ -n "$push" ] || { echo "build.sh: not pushed (no --push); nothing to record"; return 0; }
@@ -150,7 +149,7 @@ case $1 in
   --print-sha256)
     [ $# -eq 2 ] || usage
     f=$(containerfile "$2"); tmp=$(mktemp); trap 'rm -f "$tmp"' EXIT
-    fetch_archive "$(pin "$f" LLAMA_CPP_REPO)" "$(pin "$f" LLAMA_CPP_COMMIT)" "$tmp"
+    fetch_archive "$(pin "$f" LLAMA_CPP_URL)" "$tmp"
     echo "ARG LLAMA_CPP_SHA256=$(sha256sum "$tmp" | cut -d' ' -f1)"
     echo "build.sh: review before pinning (engine/README.md, 'Filling the source pin')" >&2 ;;
   -h|--help) usage ;;
