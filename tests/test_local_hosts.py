@@ -142,6 +142,13 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
     ps = subprocess.run([*podman, "ps", "--format", "{{.Names}} {{.Image}}"], env={**os.environ,
                         **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert f"tensorless-tiny-p100 {hosts_json['image']['ref']}" in ps.stdout
+    # bench against the server this machine runs: numbers from its own timings
+    bench = _cli("bench", "tiny", "--local", "--port", str(PORT), "--runs", "2", "--json",
+                 "--recipes", str(catalog), env=env)  # fmt: skip
+    out, err = bench.communicate(timeout=300)
+    assert bench.returncode == 0, err
+    (res,) = json.loads(out)["results"]
+    assert res["runs"] == 2 and res["generated_tokens"] == 256 and res["decode_tps"]["median"] > 0
     run.send_signal(signal.SIGTERM)  # one signal is enough
     assert run.wait(timeout=60) == 0
     left = subprocess.run([*podman, "ps", "-a", "--format", "{{.Names}}"],
