@@ -12,15 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import numpy as np
 
 # The tiny llama of shared/reference/tiny-gguf/make_tiny_gguf.py: llama-server loads it.
-N_LAYER = 2
-N_EMBD = 64
-N_HEAD = 2
-N_HEAD_KV = 1
-HEAD_DIM = N_EMBD // N_HEAD  # 32: quantized KV cache types work
-N_FF = 128
+# one geometry and one writer for every test GGUF
+from tests.hosts.tiny_gguf import N_HEAD_KV, N_LAYER, write_tiny_gguf
 
 
 def tiny_vocab() -> tuple[list[str], list[float], list[int]]:
@@ -65,60 +60,15 @@ def write_tiny_llama(
     extra: dict[str, Any] | None = None,
     arch: str = "llama",
 ) -> Path:
-    """A llama GGUF with random weights (llama-server loads it), or only its header."""
-    rng = np.random.default_rng(0)
+    """A llama GGUF with random weights (llama-server loads it), or only its header: the test
+    harness's writer (tests/hosts/tiny_gguf.py), with this module's plain vocabulary and no chat
+    template or damped special tokens, so header sizes stay what these tests compute."""
     tokens, scores, types = vocab or tiny_vocab()
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("tiny-random-llama")
-    w.add_context_length(ctx)
-    w.add_embedding_length(N_EMBD)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(N_FF)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(head_count_kv if isinstance(head_count_kv, int) else list(head_count_kv))
-    w.add_rope_dimension_count(HEAD_DIM)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(len(tokens))
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    for key, (value, vtype) in (extra or {}).items():
-        w.add_key_value(key, value, vtype)
-    if tensors:
-
-        def rnd(*shape: int, scale: float = 0.02) -> np.ndarray[Any, Any]:
-            return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-        n_vocab = len(tokens)
-        w.add_tensor("token_embd.weight", rnd(n_vocab, N_EMBD, scale=1.0))
-        w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor("output.weight", rnd(n_vocab, N_EMBD, scale=1.0))
-        kv_heads = [head_count_kv] * n_layer if isinstance(head_count_kv, int) else head_count_kv
-        for i in range(n_layer):
-            p = f"blk.{i}."
-            w.add_tensor(p + "attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-            w.add_tensor(p + "attn_q.weight", rnd(N_HEAD * HEAD_DIM, N_EMBD))
-            w.add_tensor(p + "attn_k.weight", rnd(kv_heads[i] * HEAD_DIM, N_EMBD))
-            w.add_tensor(p + "attn_v.weight", rnd(kv_heads[i] * HEAD_DIM, N_EMBD))
-            w.add_tensor(p + "attn_output.weight", rnd(N_EMBD, N_HEAD * HEAD_DIM))
-            w.add_tensor(p + "ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-            w.add_tensor(p + "ffn_gate.weight", rnd(N_FF, N_EMBD))
-            w.add_tensor(p + "ffn_up.weight", rnd(N_FF, N_EMBD))
-            w.add_tensor(p + "ffn_down.weight", rnd(N_EMBD, N_FF))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    if tensors:
-        w.write_tensors_to_file()
-    w.close()
+    write_tiny_gguf(
+        str(path), ctx=ctx, n_layer=n_layer, head_count_kv=head_count_kv,
+        vocab=(tokens, scores, types, 0), tensors=tensors, extra=extra, arch=arch,
+        chat_template=False,
+    )  # fmt: skip
     return path
 
 

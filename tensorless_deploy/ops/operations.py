@@ -75,8 +75,20 @@ if [ "$got" != "$sha" ]; then
 fi
 """.replace("@HASH@", HASH)
 
-_DOWNLOAD = """
+# A complete partial file (downloaded or pushed) is admitted only with the recipe's sha256:
+# otherwise it is deleted, never renamed into place. $what names it in the message.
+_ADMIT = """
 hashit() { @HASH@; }
+got=$(hashit "$partial")
+if [ "$got" != "$sha" ]; then
+  rm -f "$partial"
+  echo "$what has sha256 $got, not $sha: refused and deleted" >&2
+  exit 1
+fi
+mv -f "$partial" "$blob"
+""".replace("@HASH@", HASH)
+
+_DOWNLOAD = """
 umask 022
 mkdir -p "$(dirname "$blob")" "$(dirname "$stamp")" "$(dirname "$snapshot")"
 have=$(stat -c %s "$partial" 2>/dev/null || echo 0)
@@ -100,32 +112,23 @@ if [ "$have" -ne "$size" ]; then
     "run deploy again to resume" >&2
   exit 1
 fi
-got=$(hashit "$partial")
-if [ "$got" != "$sha" ]; then
-  rm -f "$partial"
-  echo "downloaded file has sha256 $got, not $sha: refused and deleted" >&2
-  exit 1
-fi
-mv -f "$partial" "$blob"
+what="downloaded file"
+@ADMIT@
 echo "downloaded $((size - start)) bytes (resumed from $start), sha256 verified"
-""".replace("@HASH@", HASH).replace("@ATTEMPTS@", str(DOWNLOAD_ATTEMPTS))
+"""
 
 _ARRIVED = """
-hashit() { @HASH@; }
 have=$(stat -c %s "$partial" 2>/dev/null || echo 0)
 if [ "$have" -ne "$size" ]; then
   echo "the pushed model is $have of $size bytes; run deploy again to resume" >&2
   exit 1
 fi
-got=$(hashit "$partial")
-if [ "$got" != "$sha" ]; then
-  rm -f "$partial"
-  echo "the pushed model has sha256 $got, not $sha: refused and deleted" >&2
-  exit 1
-fi
-mv -f "$partial" "$blob"
+what="the pushed model"
+@ADMIT@
 echo "pushed model verified: sha256 $sha"
-""".replace("@HASH@", HASH)
+"""
+_DOWNLOAD = _DOWNLOAD.replace("@ADMIT@", _ADMIT).replace("@ATTEMPTS@", str(DOWNLOAD_ATTEMPTS))
+_ARRIVED = _ARRIVED.replace("@ADMIT@", _ADMIT)
 
 _STAMP_AND_LINK = """
 mkdir -p "$(dirname "$stamp")" "$(dirname "$snapshot")"

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import string
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import gguf
 import numpy as np
@@ -107,20 +109,37 @@ def build_vocab() -> tuple[list[str], list[float], list[int], int]:
     return tokens, scores, types, n_special
 
 
-def write_tiny_gguf(out: str, seed: int = 0, ctx: int = 4096, dtype: str = "f32") -> None:
+def write_tiny_gguf(
+    out: str,
+    seed: int = 0,
+    ctx: int = 4096,
+    dtype: str = "f32",
+    *,
+    n_layer: int = N_LAYER,
+    head_count_kv: int | Sequence[int] = N_HEAD_KV,
+    vocab: tuple[list[str], list[float], list[int], int] | None = None,
+    tensors: bool = True,
+    extra: Mapping[str, tuple[Any, Any]] | None = None,
+    arch: str = "llama",
+    chat_template: bool = True,
+) -> None:
+    """The one tiny-GGUF writer of the tests. vocab is (tokens, scores, types, n_special); the
+    special tokens' output rows are damped so sampling prefers printable pieces. With tensors
+    off only the header is written (for header and KV tests)."""
     rng = np.random.default_rng(seed)
     wdt = np.float16 if dtype == "f16" else np.float32
-    tokens, scores, types, n_special = build_vocab()
+    tokens, scores, types, n_special = vocab or build_vocab()
     n_vocab = len(tokens)
+    kv_heads = [head_count_kv] * n_layer if isinstance(head_count_kv, int) else list(head_count_kv)
 
-    w = gguf.GGUFWriter(out, "llama")
+    w = gguf.GGUFWriter(out, arch)
     w.add_name(MODEL_NAME)
     w.add_context_length(ctx)
     w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
+    w.add_block_count(n_layer)
     w.add_feed_forward_length(N_FF)
     w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
+    w.add_head_count_kv(head_count_kv if isinstance(head_count_kv, int) else kv_heads)
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
@@ -136,32 +155,37 @@ def write_tiny_gguf(out: str, seed: int = 0, ctx: int = 4096, dtype: str = "f32"
     w.add_eos_token_id(2)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
-    w.add_chat_template(CHATML)
+    if chat_template:
+        w.add_chat_template(CHATML)
+    for key, (value, vtype) in (extra or {}).items():
+        w.add_key_value(key, value, vtype)
 
     def rnd(*shape: int, scale: float = 0.02) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    # numpy shape is (rows=out, cols=in); gguf stores ggml ne = [in, out]
-    w.add_tensor("token_embd.weight", rnd(n_vocab, N_EMBD, scale=1.0).astype(wdt))
-    w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    out_w = rnd(n_vocab, N_EMBD, scale=1.0)
-    out_w[:n_special] *= 0.01
-    w.add_tensor("output.weight", out_w.astype(wdt))
-    for i in range(N_LAYER):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor(p + "attn_q.weight", rnd(N_HEAD * HEAD_DIM, N_EMBD).astype(wdt))
-        w.add_tensor(p + "attn_k.weight", rnd(N_HEAD_KV * HEAD_DIM, N_EMBD).astype(wdt))
-        w.add_tensor(p + "attn_v.weight", rnd(N_HEAD_KV * HEAD_DIM, N_EMBD).astype(wdt))
-        w.add_tensor(p + "attn_output.weight", rnd(N_EMBD, N_HEAD * HEAD_DIM).astype(wdt))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-        w.add_tensor(p + "ffn_gate.weight", rnd(N_FF, N_EMBD).astype(wdt))
-        w.add_tensor(p + "ffn_up.weight", rnd(N_FF, N_EMBD).astype(wdt))
-        w.add_tensor(p + "ffn_down.weight", rnd(N_EMBD, N_FF).astype(wdt))
+    if tensors:
+        # numpy shape is (rows=out, cols=in); gguf stores ggml ne = [in, out]
+        w.add_tensor("token_embd.weight", rnd(n_vocab, N_EMBD, scale=1.0).astype(wdt))
+        w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+        out_w = rnd(n_vocab, N_EMBD, scale=1.0)
+        out_w[:n_special] *= 0.01
+        w.add_tensor("output.weight", out_w.astype(wdt))
+        for i in range(n_layer):
+            p = f"blk.{i}."
+            w.add_tensor(p + "attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+            w.add_tensor(p + "attn_q.weight", rnd(N_HEAD * HEAD_DIM, N_EMBD).astype(wdt))
+            w.add_tensor(p + "attn_k.weight", rnd(kv_heads[i] * HEAD_DIM, N_EMBD).astype(wdt))
+            w.add_tensor(p + "attn_v.weight", rnd(kv_heads[i] * HEAD_DIM, N_EMBD).astype(wdt))
+            w.add_tensor(p + "attn_output.weight", rnd(N_EMBD, N_HEAD * HEAD_DIM).astype(wdt))
+            w.add_tensor(p + "ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
+            w.add_tensor(p + "ffn_gate.weight", rnd(N_FF, N_EMBD).astype(wdt))
+            w.add_tensor(p + "ffn_up.weight", rnd(N_FF, N_EMBD).astype(wdt))
+            w.add_tensor(p + "ffn_down.weight", rnd(N_EMBD, N_FF).astype(wdt))
 
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    if tensors:
+        w.write_tensors_to_file()
     w.close()
 
 
