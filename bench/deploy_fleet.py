@@ -44,9 +44,11 @@ def timed(args: list[str], env: dict[str, str]) -> tuple[float, dict[str, object
 def hosts_hashing(report: dict[str, object]) -> int:
     """Hosts whose model step ran: each hashed the whole file once (download or verify)."""
     return sum(
-        1 for h in report["hosts"]  # type: ignore[attr-defined]
-        for s in h["steps"] if s["name"] == "model" and s["outcome"] == "changed"
-    )  # fmt: skip
+        1
+        for h in report["hosts"]  # type: ignore[attr-defined]
+        for s in h["steps"]
+        if s["name"] == "model" and s["outcome"] == "changed"
+    )
 
 
 def main() -> int:
@@ -66,11 +68,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=base_dir()))
     size = int(hosts_json["tiny_gguf"]["size"])
     with HFServer(host=hosts_json["gateway"]) as hf:
-        hf.publish(hosts_json["tiny_gguf"]["hf_repo"],
-                   {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
-                   commit=TINY_COMMIT)  # fmt: skip
-        env = {"HF_ENDPOINT": hf.url, "XDG_CACHE_HOME": str(work / "xdg"),
-               "HF_HUB_CACHE": str(work / "hub")}  # fmt: skip
+        hf.publish(
+            hosts_json["tiny_gguf"]["hf_repo"],
+            {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
+            commit=TINY_COMMIT,
+        )
+        env = {
+            "HF_ENDPOINT": hf.url,
+            "XDG_CACHE_HOME": str(work / "xdg"),
+            "HF_HUB_CACHE": str(work / "hub"),
+        }
         if opts.push:
             reg = work / "registries.conf"
             location = hosts_json["registry"]
@@ -79,12 +86,20 @@ def main() -> int:
         catalog = str(write_catalog(work / "recipes", tiny_recipe(hosts_json, TINY_COMMIT)))
         inv = str(write_inventory(work / "inventory.py", gpu))
         limit_one = ["--limit", gpu[0].name]
-        deploy = ["deploy", "-i", inv, "tiny", "--recipes", catalog,
-                  *(["--transfer", "push"] if opts.push else [])]  # fmt: skip
+        deploy = [
+            "deploy",
+            "-i",
+            inv,
+            "tiny",
+            "--recipes",
+            catalog,
+            *(["--transfer", "push"] if opts.push else []),
+        ]
         purge = ["stop", "tiny", "-i", inv, "--recipes", catalog, "--purge"]
         bare = [sys.executable, "-m", "pyinfra", "-y", inv, "fact", "server.Hostname"]
         converged, facts, one, many = [], [], [], []
         hashed_fresh = hashed_converged = 0
+
         def fresh() -> None:
             timed(purge, env)
             if opts.push:  # the image must travel again too
@@ -118,8 +133,10 @@ def main() -> int:
     print(f"fresh deploy, 1 host                {med(one):6.2f} s")
     print(f"fresh deploy, {n} hosts               {med(many):6.2f} s")
     print(f"ratio {n} hosts / 1 host              {med(many) / med(one):6.2f}x")
-    print(f"model bytes hashed: fresh run {hashed_fresh} ({n} x {size}), "
-          f"converged run {hashed_converged}")  # fmt: skip
+    print(
+        f"model bytes hashed: fresh run {hashed_fresh} ({n} x {size}), "
+        f"converged run {hashed_converged}"
+    )
     return 0
 
 

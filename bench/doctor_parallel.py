@@ -43,8 +43,10 @@ def main() -> int:
     runs = ap.parse_args().runs
     base = base_dir()
     if not (base / "hosts.json").is_file():
-        print(f"skipped: test hosts are not set up ({base}/hosts.json missing); run "
-              "`sudo bash tests/hosts/setup.sh` first")  # fmt: skip
+        print(
+            f"skipped: test hosts are not set up ({base}/hosts.json missing); run "
+            "`sudo bash tests/hosts/setup.sh` first"
+        )
         return 0
     hosts = [Host.from_json(h) for h in load_hosts_json(base)["hosts"]]
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,10 +61,14 @@ def main() -> int:
     ma, mb = statistics.median(a), statistics.median(b)
     n = len(hosts)
     print(f"doctor, 1 host ({hosts[0].name})      median {ma * 1000:7.0f} ms  (n={runs})")
-    print(f"doctor, {n} hosts ({', '.join(h.name for h in hosts)})  "
-          f"median {mb * 1000:7.0f} ms  (n={runs})")  # fmt: skip
-    print(f"ratio {n} hosts / 1 host   {mb / ma:.2f}x  "
-          f"(1.00x: fully parallel; {n}.00x: one host after another)")  # fmt: skip
+    print(
+        f"doctor, {n} hosts ({', '.join(h.name for h in hosts)})  "
+        f"median {mb * 1000:7.0f} ms  (n={runs})"
+    )
+    print(
+        f"ratio {n} hosts / 1 host   {mb / ma:.2f}x  "
+        f"(1.00x: fully parallel; {n}.00x: one host after another)"
+    )
     return 0
 
 

@@ -64,12 +64,19 @@ def make_catalog(root: Path, files: list[Path]) -> list[tuple[str, str, str, Pat
         revision = hashlib.sha1(repo.encode()).hexdigest()
         for card, spec in CARDS.items():
             data = example()
-            data["model"].update(name=f"m{i:02d}", hf_repo=repo, revision=revision, file=f.name,
-                                 sha256=sha256(f), size_bytes=f.stat().st_size)  # fmt: skip
+            data["model"].update(
+                name=f"m{i:02d}",
+                hf_repo=repo,
+                revision=revision,
+                file=f.name,
+                sha256=sha256(f),
+                size_bytes=f.stat().st_size,
+            )
             data["card"].update(id=card, **spec)
             ctx = 4096 if "tiny" in f.name else 32768
-            data["run"].update(context=ctx, args=["-np", "1", "-fa", "on", "-ctk", "q8_0",
-                                                  "-ctv", "q8_0"])  # fmt: skip
+            data["run"].update(
+                context=ctx, args=["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"]
+            )
             write_recipe(root, data)
         models.append((repo, revision, f.name, f))
     return models
@@ -80,17 +87,33 @@ def make_inventory(path: Path, n: int) -> None:
     rows: list[tuple[str, dict[str, Any]]] = []
     for i in range(n):
         kind = GPU_KINDS[i % len(GPU_KINDS)]
-        gpus = [{**kind, "driver_version": "580.159.04",
-                 "memory_used_mib": rnd.choice([0, 0, 1024, kind["memory_total_mib"] - 1200])}
-                for _ in range(rnd.choice([1, 1, 2, 4]))]  # fmt: skip
+        gpus = [
+            {
+                **kind,
+                "driver_version": "580.159.04",
+                "memory_used_mib": rnd.choice([0, 0, 1024, kind["memory_total_mib"] - 1200]),
+            }
+            for _ in range(rnd.choice([1, 1, 2, 4]))
+        ]
         rows.append((f"node{i:04d}", {"tensorless_gpus": gpus}))
     path.write_text(f"hosts = {rows!r}\n", encoding="utf-8")
 
 
 def run_plan(inv: Path, catalog: Path, env: dict[str, str]) -> tuple[float, dict[str, Any]]:
     names = [f"m{i:02d}" for i in range(N_MODELS)]
-    argv = [sys.executable, "-m", "tensorless_deploy", "plan", "--offline", "-i", str(inv),
-            "--recipes", str(catalog), "--json", *names]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "tensorless_deploy",
+        "plan",
+        "--offline",
+        "-i",
+        str(inv),
+        "--recipes",
+        str(catalog),
+        "--json",
+        *names,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     wall = time.perf_counter() - t0
@@ -118,8 +141,13 @@ def main() -> None:
         with HFServer("127.0.0.1", 0) as hf:
             for repo, rev, name, path in models:
                 hf.publish(repo, {name: path}, commit=rev)
-            env = {**os.environ, "HF_ENDPOINT": hf.url, "XDG_CACHE_HOME": str(tmp / "cache"),
-                   "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1"}  # fmt: skip
+            env = {
+                **os.environ,
+                "HF_ENDPOINT": hf.url,
+                "XDG_CACHE_HOME": str(tmp / "cache"),
+                "HF_HUB_DISABLE_TELEMETRY": "1",
+                "NO_COLOR": "1",
+            }
             cold_wall, cold = run_plan(tmp / "inventory.py", tmp / "recipes", env)
             print(f"cold run (headers over HTTP Range, {N_MODELS} files): {cold_wall:.2f} s")
             seen = set()
@@ -129,10 +157,12 @@ def main() -> None:
                         continue
                     seen.add(h["file"])
                     counted = hf.stats(h["repo"], h["file"]).bytes_sent
-                    print(f"  header {h['file']}: {h['bytes_fetched']} bytes fetched "
-                          f"(server counted {counted}) of {h['file_size']} "
-                          f"({100 * h['bytes_fetched'] / h['file_size']:.2f} %), metadata "
-                          f"{h['metadata_bytes']} bytes")  # fmt: skip
+                    print(
+                        f"  header {h['file']}: {h['bytes_fetched']} bytes fetched "
+                        f"(server counted {counted}) of {h['file_size']} "
+                        f"({100 * h['bytes_fetched'] / h['file_size']:.2f} %), metadata "
+                        f"{h['metadata_bytes']} bytes"
+                    )
             hf.reset_stats()
             walls, plans = [], []
             for _ in range(a.runs):
@@ -143,12 +173,18 @@ def main() -> None:
             requests = sum(c.requests for c in hf.counters.values())
         rows = sum(len(m["placements"]) for m in doc["models"])
         placed = sum(m["placed"] for m in doc["models"])
-        print(f"warm runs: {a.hosts} hosts, 20 recipes ({N_MODELS} models x 2 cards), {rows} "
-              f"placement rows, {placed}/{N_MODELS} models placed, {requests} HTTP requests")
-        print(f"  planning (plan.plan, in-process): median {statistics.median(plans):.3f} s "
-              f"(runs: {', '.join(f'{x:.3f}' for x in plans)})")
-        print(f"  whole command (subprocess wall):  median {statistics.median(walls):.2f} s "
-              f"(runs: {', '.join(f'{x:.2f}' for x in walls)})")
+        print(
+            f"warm runs: {a.hosts} hosts, 20 recipes ({N_MODELS} models x 2 cards), {rows} "
+            f"placement rows, {placed}/{N_MODELS} models placed, {requests} HTTP requests"
+        )
+        print(
+            f"  planning (plan.plan, in-process): median {statistics.median(plans):.3f} s "
+            f"(runs: {', '.join(f'{x:.3f}' for x in plans)})"
+        )
+        print(
+            f"  whole command (subprocess wall):  median {statistics.median(walls):.2f} s "
+            f"(runs: {', '.join(f'{x:.2f}' for x in walls)})"
+        )
         verdict = "OK" if statistics.median(plans) < 1.0 else "TOO SLOW"
         print(f"  planning under 1 s: {verdict}")
 

@@ -56,24 +56,40 @@ def main() -> int:
     hosts_json = load_hosts_json()
     tmp = Path(tempfile.mkdtemp(prefix="run-overhead-"))
     with p100_standin(tmp, hosts_json) as env_gpu, HFServer(host=hosts_json["gateway"]) as hf:
-        hf.publish(hosts_json["tiny_gguf"]["hf_repo"],
-                   {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
-                   commit=TINY_COMMIT)  # fmt: skip
+        hf.publish(
+            hosts_json["tiny_gguf"]["hf_repo"],
+            {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
+            commit=TINY_COMMIT,
+        )
         env = {**os.environ, **env_gpu, "HF_ENDPOINT": hf.url}
         cat = str(write_catalog(tmp / "recipes", tiny_recipe(hosts_json, TINY_COMMIT)))
         cli = [sys.executable, "-m", "tensorless_deploy"]
-        subprocess.run([*cli, "pull", "tiny", "--recipes", cat], env=env, check=True,
-                       capture_output=True, timeout=600)  # fmt: skip
-        dry = subprocess.run([*cli, "run", "tiny", "--recipes", cat, "--port", str(PORT),
-                              "--dry-run", "--json"], env=env, check=True,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        subprocess.run(
+            [*cli, "pull", "tiny", "--recipes", cat],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        dry = subprocess.run(
+            [*cli, "run", "tiny", "--recipes", cat, "--port", str(PORT), "--dry-run", "--json"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         command = json.loads(dry.stdout)["command"]
         url = f"http://127.0.0.1:{PORT}/health"
         a, b = [], []
         for _ in range(runs):
             t0 = time.monotonic()
-            p = subprocess.Popen([*cli, "run", "tiny", "--recipes", cat, "--port", str(PORT)],
-                                 env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+            p = subprocess.Popen(
+                [*cli, "run", "tiny", "--recipes", cat, "--port", str(PORT)],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert p.stdout is not None
             while not p.stdout.readline().startswith("serving"):
                 if p.poll() is not None:
@@ -82,12 +98,17 @@ def main() -> int:
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=60)
             t0 = time.monotonic()
-            q = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)  # fmt: skip
+            q = subprocess.Popen(
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             healthy(url, t0 + 120)
             b.append(time.monotonic() - t0)
-            subprocess.run([command[0], "stop", "-t", "5", "tensorless-tiny-p100"], env=env,
-                           capture_output=True, timeout=60)  # fmt: skip
+            subprocess.run(
+                [command[0], "stop", "-t", "5", "tensorless-tiny-p100"],
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
             q.wait(timeout=60)
     ma, mb = statistics.median(a), statistics.median(b)
     print(f"run to 'serving' (launcher + server)   median {ma:6.2f} s  (n={runs})")

@@ -36,8 +36,12 @@ h200_servers = [
             "tensorless_models_dir": "/srv/models",
             # What `plan --offline` assumes before the host is reachable:
             "tensorless_gpus": [
-                {"name": "NVIDIA H200", "compute_cap": "9.0", "memory_total_mib": 143771,
-                 "driver_version": "580.159.04"},
+                {
+                    "name": "NVIDIA H200",
+                    "compute_cap": "9.0",
+                    "memory_total_mib": 143771,
+                    "driver_version": "580.159.04",
+                },
             ],
         },
     ),

@@ -65,10 +65,16 @@ def write_tiny_llama(
     template or damped special tokens, so header sizes stay what these tests compute."""
     tokens, scores, types = vocab or tiny_vocab()
     write_tiny_gguf(
-        str(path), ctx=ctx, n_layer=n_layer, head_count_kv=head_count_kv,
-        vocab=(tokens, scores, types, 0), tensors=tensors, extra=extra, arch=arch,
+        str(path),
+        ctx=ctx,
+        n_layer=n_layer,
+        head_count_kv=head_count_kv,
+        vocab=(tokens, scores, types, 0),
+        tensors=tensors,
+        extra=extra,
+        arch=arch,
         chat_template=False,
-    )  # fmt: skip
+    )
     return path
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensorless_deploy.launch import LaunchSpec, build_launch_spec
+from tensorless_deploy.launch.render import UnitFile, render_quadlet, render_service
+from tensorless_deploy.launch.spec import LaunchSpec, build_launch_spec
 from tensorless_deploy.recipe.catalog import recipe_digest
-from tensorless_deploy.recipe.model import Recipe
-from tensorless_deploy.render import UnitFile, render_quadlet, render_service
+from tensorless_deploy.recipe.schema import Recipe
 from tests.recipe_tools import example
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

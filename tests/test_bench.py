@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tensorless_deploy.bench import (
+from tensorless_deploy.local.bench import (
     BenchError,
     Sample,
     compare,
@@ -48,8 +48,17 @@ def test_compare_with_receipt_and_tolerance() -> None:
 
 
 def test_parse_timings_from_llama_server_answer() -> None:
-    body = json.dumps({"content": "x", "timings": {"prompt_n": 429, "prompt_per_second": 812.5,
-                       "predicted_n": 256, "predicted_per_second": 30.1}}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "content": "x",
+            "timings": {
+                "prompt_n": 429,
+                "prompt_per_second": 812.5,
+                "predicted_n": 256,
+                "predicted_per_second": 30.1,
+            },
+        }
+    ).encode()
     assert parse_timings(body) == Sample(429, 812.5, 256, 30.1)
     with pytest.raises(BenchError, match="no usable timings"):
         parse_timings(b'{"content": "x"}')

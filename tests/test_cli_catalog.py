@@ -16,8 +16,11 @@ from tests.recipe_tools import example, variant, write_recipe
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tensorless_deploy", *args],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 @pytest.fixture
@@ -99,11 +102,22 @@ def test_info_shows_every_value_in_order(tmp_path: Path) -> None:
     proc = cli("info", "PN3", "--recipes", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for value in (data["engine"]["image"], data["model"]["revision"], data["model"]["sha256"],
-                  "12954114496", "-np 1 -ngl 99", "GGML_CUDA_FATTN_SM60=1", "65536", "at most 8"):
+    for value in (
+        data["engine"]["image"],
+        data["model"]["revision"],
+        data["model"]["sha256"],
+        "12954114496",
+        "-np 1 -ngl 99",
+        "GGML_CUDA_FATTN_SM60=1",
+        "65536",
+        "at most 8",
+    ):
         assert value in out, value
-    labels = [line.split()[1] for line in out.splitlines() if line.split()[:1] in (["decode"],
-                                                                                    ["prefill"])]
+    labels = [
+        line.split()[1]
+        for line in out.splitlines()
+        if line.split()[:1] in (["decode"], ["prefill"])
+    ]
     assert labels == ["short", "ctx_32k", "ctx_65k", "ctx_4k", "ctx_65k", "aa", "zz"]
     assert "NOT PUBLISHED" not in out
     proc = cli("info", "pn3", "--json", "--recipes", str(tmp_path))

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from tensorless_deploy.decisions import (
+from tensorless_deploy.decisions.checks import (
     Options,
     Verdict,
     choose_recipe,
     host_verdict,
     no_card_verdict,
 )
-from tensorless_deploy.facts.model import HostFacts
+from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.recipe import load_catalog
-from tensorless_deploy.recipe.model import Recipe
+from tensorless_deploy.recipe.schema import Recipe
 from tests.recipe_tools import example
 
 TESTS = Path(__file__).parent

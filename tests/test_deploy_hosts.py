@@ -39,10 +39,22 @@ class Fleet:
     def write(self, **run: Any) -> None:
         write_catalog(self.catalog, self.recipe(**run))
 
-    def deploy(self, *hosts: str, extra: tuple[str, ...] = (), dry: bool = False,
-               env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:  # fmt: skip
-        args = ["deploy", "-i", str(self.inventory), "tiny", "--recipes", str(self.catalog),
-                "--json"]  # fmt: skip
+    def deploy(
+        self,
+        *hosts: str,
+        extra: tuple[str, ...] = (),
+        dry: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, Any], str]:
+        args = [
+            "deploy",
+            "-i",
+            str(self.inventory),
+            "tiny",
+            "--recipes",
+            str(self.catalog),
+            "--json",
+        ]
         for h in hosts:
             args += ["--limit", h]
         if dry:
@@ -65,8 +77,11 @@ class Fleet:
 
     def complete(self, host: str) -> dict[str, Any]:
         body = json.dumps({"prompt": "hello", "max_tokens": 8, "temperature": 0})
-        out = self.sh(host, "curl -fsS http://127.0.0.1:8080/v1/completions "
-                            f"-H 'Content-Type: application/json' -d '{body}'")  # fmt: skip
+        out = self.sh(
+            host,
+            "curl -fsS http://127.0.0.1:8080/v1/completions "
+            f"-H 'Content-Type: application/json' -d '{body}'",
+        )
         answer: dict[str, Any] = json.loads(out)
         return answer
 
@@ -76,9 +91,14 @@ class Fleet:
 
 @pytest.fixture
 def fleet(
-    tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host], hf: HFServer,
-    ssh: SshRunner, profile: Any, clean_hosts: None,
-) -> Iterator[Fleet]:  # fmt: skip
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    ssh: SshRunner,
+    profile: Any,
+    clean_hosts: None,
+) -> Iterator[Fleet]:
     profile("gpu2", "p100")  # both trixie hosts carry a P100 stand-in for the tiny P100 recipe
     hosts = [test_hosts[n] for n in ("gpu1", "gpu2", "legacy1")]
     inventory = write_inventory(tmp_path / "inventory.py", hosts, unreachable=True)
@@ -92,7 +112,10 @@ def test_deploy_three_hosts_serves_then_converged_run_changes_nothing(fleet: Fle
     assert rc == 0, out
     hosts = fleet.by_host(report)
     assert {n: h["outcome"] for n, h in hosts.items()} == {
-        "gpu1": "changed", "gpu2": "changed", "legacy1": "changed"}  # fmt: skip
+        "gpu1": "changed",
+        "gpu2": "changed",
+        "legacy1": "changed",
+    }
     assert fleet.bytes_served() == 3 * fleet.hosts_json["tiny_gguf"]["size"]
     for name in ("gpu1", "gpu2", "legacy1"):
         answer = fleet.complete(name)
@@ -156,8 +179,13 @@ def test_recipe_change_restarts_only_what_changed(fleet: Fleet) -> None:
     rc, second, out = fleet.deploy("gpu1")
     assert rc == 0, out
     steps = fleet.steps(second, "gpu1")
-    assert steps == {"image": "unchanged", "model": "unchanged", "unit": "changed",
-                     "restart": "changed", "serving": "unchanged"}, steps  # fmt: skip
+    assert steps == {
+        "image": "unchanged",
+        "model": "unchanged",
+        "unit": "changed",
+        "restart": "changed",
+        "serving": "unchanged",
+    }, steps
     assert fleet.bytes_served() == 0
     assert first["hosts"][0]["recipe_digest"] != second["hosts"][0]["recipe_digest"]
     assert '"-c" "1024"' in fleet.sh("gpu1", f"cat /etc/containers/systemd/{UNIT}.container")
@@ -221,8 +249,9 @@ def test_token_never_shows(fleet: Fleet) -> None:
     rc, _report, out = fleet.deploy("gpu1")
     assert rc == 1 and "curl exit 22" in out  # 401 without the token
     # slow the download so the process list can be read while curl runs
-    fleet.hf.add_fault("stall", repo_id=TINY_REPO, filename=FILE, after_bytes=1000, seconds=4,
-                       times=1)  # fmt: skip
+    fleet.hf.add_fault(
+        "stall", repo_id=TINY_REPO, filename=FILE, after_bytes=1000, seconds=4, times=1
+    )
     seen: list[str] = []
     done = threading.Event()
 
@@ -244,8 +273,11 @@ def test_token_never_shows(fleet: Fleet) -> None:
     assert not any(token in s for s in seen)
     assert token not in out
     assert all(fleet.hf.stats(TINY_REPO, FILE).auth_seen[-1:])
-    for place in (f"cat /etc/containers/systemd/{UNIT}.container",
-                  "journalctl --no-pager -o cat", "ls -A /run/tensorless"):  # fmt: skip
+    for place in (
+        f"cat /etc/containers/systemd/{UNIT}.container",
+        "journalctl --no-pager -o cat",
+        "ls -A /run/tensorless",
+    ):
         assert token not in fleet.sh("gpu1", place, check=False)
     assert fleet.sh("gpu1", "ls -A /run/tensorless", check=False).strip() == ""
 
@@ -256,9 +288,20 @@ def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) ->
     digest = fleet.by_host(report)["gpu1"]["recipe_digest"]
 
     def status() -> dict[str, list[dict[str, Any]]]:
-        proc = cli("status", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
-                   "--limit", "gpu1", "--limit", "legacy1", "--limit", "gpu2",
-                   "--json")  # fmt: skip
+        proc = cli(
+            "status",
+            "-i",
+            str(fleet.inventory),
+            "--recipes",
+            str(fleet.catalog),
+            "--limit",
+            "gpu1",
+            "--limit",
+            "legacy1",
+            "--limit",
+            "gpu2",
+            "--json",
+        )
         assert proc.returncode == 0, proc.stderr
         return {h["host"]: h["units"] for h in json.loads(proc.stdout)["hosts"]}
 
@@ -274,8 +317,18 @@ def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) ->
     units = status()
     assert any("recipe changed since deploy" in d for d in units["gpu1"][0]["drift"])
 
-    proc = cli("stop", "tiny", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
-               "--limit", "gpu1", "--purge", "--json")  # fmt: skip
+    proc = cli(
+        "stop",
+        "tiny",
+        "-i",
+        str(fleet.inventory),
+        "--recipes",
+        str(fleet.catalog),
+        "--limit",
+        "gpu1",
+        "--purge",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert status()["gpu1"] == []
     repo_dir = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
@@ -287,8 +340,19 @@ def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) ->
 def test_bench_through_ssh_tunnel_against_the_receipt(fleet: Fleet) -> None:
     rc, _report, out = fleet.deploy("gpu1")
     assert rc == 0, out
-    args = ["bench", "tiny", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
-            "--limit", "gpu1", "--runs", "3", "--json"]  # fmt: skip
+    args = [
+        "bench",
+        "tiny",
+        "-i",
+        str(fleet.inventory),
+        "--recipes",
+        str(fleet.catalog),
+        "--limit",
+        "gpu1",
+        "--runs",
+        "3",
+        "--json",
+    ]
     proc = cli(*args)
     assert proc.returncode == 0, proc.stderr
     (res,) = json.loads(proc.stdout)["results"]
@@ -310,6 +374,14 @@ def test_bench_through_ssh_tunnel_against_the_receipt(fleet: Fleet) -> None:
     proc = cli(*args[:-1])
     assert proc.returncode == 1 and "BELOW" in proc.stdout
     # a host that does not serve it: one clear line
-    proc = cli("bench", "tiny", "-i", str(fleet.inventory), "--recipes", str(fleet.catalog),
-               "--limit", "gpu2")  # fmt: skip
+    proc = cli(
+        "bench",
+        "tiny",
+        "-i",
+        str(fleet.inventory),
+        "--recipes",
+        str(fleet.catalog),
+        "--limit",
+        "gpu2",
+    )
     assert proc.returncode == 1 and "gpu2: tensorless-tiny-p100 is not deployed here" in proc.stderr

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tensorless_deploy import docsgen
-from tensorless_deploy.recipe.model import Recipe
+from tensorless_deploy.cli import docsgen
+from tensorless_deploy.recipe.schema import Recipe
 
 
 def test_generated_docs_are_current() -> None:
-    assert docsgen.stale() == [], "run: python -m tensorless_deploy.docsgen --write"
+    assert docsgen.stale() == [], "run: python -m tensorless_deploy.cli.docsgen --write"
 
 
 def test_every_field_has_a_description() -> None:

@@ -38,8 +38,9 @@ class Doctor:
     inventory: Path
     ssh: SshRunner
 
-    def run(self, *args: str, hosts: Sequence[str] = (), json_out: bool = True
-            ) -> tuple[int, Any, str]:  # fmt: skip
+    def run(
+        self, *args: str, hosts: Sequence[str] = (), json_out: bool = True
+    ) -> tuple[int, Any, str]:
         argv = ["doctor", "-i", str(self.inventory), "--recipes", str(self.catalog), *args]
         for h in hosts:
             argv += ["--limit", h]
@@ -74,9 +75,12 @@ def failed(report: dict[str, Any], host: str) -> list[str]:
 
 @pytest.fixture
 def doctor(
-    tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host], ssh: SshRunner,
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    ssh: SshRunner,
     clean_hosts: None,
-) -> Iterator[Doctor]:  # fmt: skip
+) -> Iterator[Doctor]:
     hosts = [test_hosts[n] for n in HOSTS]
     inventory = write_inventory(tmp_path / "inventory.py", hosts, unreachable=True)
     catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
@@ -138,7 +142,12 @@ def test_fleet_report_changes_nothing_and_finds_port_and_servable(
     assert hosts["gpu1"]["ok"] is True and hosts["gpu1"]["error"] is None
     r1 = result(report, "gpu1")
     assert (r1["model"], r1["card"], r1["recipe"], r1["ok"], r1["engine"]) == (
-        TINY_REPO, "p100", RECIPE, True, "podman")  # fmt: skip
+        TINY_REPO,
+        "p100",
+        RECIPE,
+        True,
+        "podman",
+    )
     assert r1["gpu_uuids"] == [P100_A] and r1["servable"] == []
     assert {c["status"] for c in r1["checks"]} == {"ok"}
     assert [g["name"] for g in hosts["gpu1"]["gpus"]] == ["Tesla P100-PCIE-16GB"]
@@ -172,10 +181,22 @@ def test_fleet_report_changes_nothing_and_finds_port_and_servable(
     assert err.strip() == "3 of 3 host(s) ready"
 
     # readiness without MODEL, while something else listens on gpu1's 127.0.0.1:8080
-    listener = shlex.join(["systemd-run", f"--unit={PORT_UNIT}", "--collect",
-                           "systemd-socket-activate", "-l", "127.0.0.1:8080", "cat"])  # fmt: skip
-    ssh("gpu1", f"{listener} && for i in $(seq 50); do ss -Hltn 'sport = :8080' | grep -q . "
-                "&& exit 0; sleep 0.1; done; exit 1")  # fmt: skip
+    listener = shlex.join(
+        [
+            "systemd-run",
+            f"--unit={PORT_UNIT}",
+            "--collect",
+            "systemd-socket-activate",
+            "-l",
+            "127.0.0.1:8080",
+            "cat",
+        ]
+    )
+    ssh(
+        "gpu1",
+        f"{listener} && for i in $(seq 50); do ss -Hltn 'sport = :8080' | grep -q . "
+        "&& exit 0; sleep 0.1; done; exit 1",
+    )
     try:
         rc, report, out = doctor.run(hosts=HOSTS)
     finally:
@@ -200,26 +221,41 @@ def test_fleet_report_changes_nothing_and_finds_port_and_servable(
 # host -> (profile, the one failing check, words of its evidence, words of its fix)
 ROUNDS = {
     "driver": {
-        "gpu1": ("old-driver", "driver.version", "driver 515.105.01 is older than 525.60.13",
-                 "install NVIDIA driver 525.60.13 or newer"),
-        "gpu2": ("no-driver", "driver.loaded", "nvidia-smi exit 9",
-                 "sudo modprobe nvidia"),
-        "legacy1": ("no-smi", "driver.present", "nvidia-smi not found",
-                    "install the NVIDIA driver"),
+        "gpu1": (
+            "old-driver",
+            "driver.version",
+            "driver 515.105.01 is older than 525.60.13",
+            "install NVIDIA driver 525.60.13 or newer",
+        ),
+        "gpu2": ("no-driver", "driver.loaded", "nvidia-smi exit 9", "sudo modprobe nvidia"),
+        "legacy1": (
+            "no-smi",
+            "driver.present",
+            "nvidia-smi not found",
+            "install the NVIDIA driver",
+        ),
     },
     "toolkit": {
-        "gpu1": ("no-toolkit", "toolkit.present", "nvidia-ctk not found",
-                 "sudo apt install nvidia-container-toolkit"),
-        "gpu2": ("dup-cdi", "toolkit.cdi",
-                 "2 CDI specs declare nvidia.com/gpu: /etc/cdi/nvidia.yaml, "
-                 "/var/run/cdi/nvidia.yaml",
-                 "sudo rm /etc/cdi/nvidia.yaml  (keep /var/run/cdi/nvidia.yaml)"),
-        "legacy1": ("stale-cdi", "toolkit.cdi",
-                    "CDI spec /etc/cdi/nvidia.yaml was generated for another driver than "
-                    "535.183.01",
-                    "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"),
+        "gpu1": (
+            "no-toolkit",
+            "toolkit.present",
+            "nvidia-ctk not found",
+            "sudo apt install nvidia-container-toolkit",
+        ),
+        "gpu2": (
+            "dup-cdi",
+            "toolkit.cdi",
+            "2 CDI specs declare nvidia.com/gpu: /etc/cdi/nvidia.yaml, /var/run/cdi/nvidia.yaml",
+            "sudo rm /etc/cdi/nvidia.yaml  (keep /var/run/cdi/nvidia.yaml)",
+        ),
+        "legacy1": (
+            "stale-cdi",
+            "toolkit.cdi",
+            "CDI spec /etc/cdi/nvidia.yaml was generated for another driver than 535.183.01",
+            "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml",
+        ),
     },
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("round_name", list(ROUNDS))
@@ -252,12 +288,24 @@ def test_each_broken_profile_fails_its_own_check(
 def test_deployed_recipe_holds_its_own_port(doctor: Doctor, hf: HFServer) -> None:
     """After deploy, doctor for the same recipe is still ready: the port is held by the
     recipe's own unit and the model file is already there (as deploy itself sees it)."""
-    proc = cli("deploy", "-i", str(doctor.inventory), "tiny", "--recipes", str(doctor.catalog),
-               "--limit", "gpu1", "--json", env={"HF_ENDPOINT": hf.url})  # fmt: skip
+    proc = cli(
+        "deploy",
+        "-i",
+        str(doctor.inventory),
+        "tiny",
+        "--recipes",
+        str(doctor.catalog),
+        "--limit",
+        "gpu1",
+        "--json",
+        env={"HF_ENDPOINT": hf.url},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rc, report, out = doctor.run("tiny", hosts=["gpu1"])
     assert rc == 0 and failed(report, "gpu1") == [], out
     assert checks(report, "gpu1")["port.free"]["evidence"] == (
-        "127.0.0.1:8080 is held by this recipe's own unit")  # fmt: skip
+        "127.0.0.1:8080 is held by this recipe's own unit"
+    )
     assert checks(report, "gpu1")["disk.model"]["evidence"] == (
-        "the model file is already on the host")  # fmt: skip
+        "the model file is already on the host"
+    )

@@ -18,8 +18,8 @@ from pydantic_core import to_jsonable_python
 
 from tensorless_deploy.facts import parsers
 from tensorless_deploy.facts.errors import FactError
-from tensorless_deploy.facts.model import HostFacts, blocking_listeners
 from tensorless_deploy.facts.survey import host_facts_from_inventory, host_facts_from_survey
+from tensorless_deploy.facts.values import HostFacts, blocking_listeners
 
 TESTS = Path(__file__).parent
 SCENARIOS = TESTS / "facts"

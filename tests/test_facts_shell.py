@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tensorless_deploy.facts import host as host_facts
-from tensorless_deploy.facts.model import HostFacts, blocking_listeners
+from tensorless_deploy.facts import pyinfra as host_facts
 from tensorless_deploy.facts.parsers import NVIDIA_SMI_QUERY, parse_ss
 from tensorless_deploy.facts.survey import all_sections, host_facts_from_survey, survey_script
+from tensorless_deploy.facts.values import HostFacts, blocking_listeners
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "nvidia-smi" / "h200-driver-580"

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.gguf_header import (
+from tensorless_deploy.gguf.header import (
     FIRST_CHUNK_BYTES,
     HeaderCache,
     HeaderError,

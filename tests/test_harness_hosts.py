@@ -148,8 +148,11 @@ def test_quadlet_adddevice_unit(
         "Exec=-m /models/tiny.gguf --host 0.0.0.0 --port 8080 -c 512\n"
         "[Service]\nTimeoutStartSec=300\n"
     )
-    ssh(h, "mkdir -p /etc/containers/systemd && cat > /etc/containers/systemd/harness.container",
-        input=unit)  # fmt: skip
+    ssh(
+        h,
+        "mkdir -p /etc/containers/systemd && cat > /etc/containers/systemd/harness.container",
+        input=unit,
+    )
     ssh(h, "systemctl daemon-reload && timeout 240 systemctl start harness.service", timeout=260)
     _wait_health(f"http://{h.ip}:18081/health")
     assert ssh(h, "systemctl is-active harness.service").stdout.strip() == "active"
@@ -165,15 +168,32 @@ def _hf_download(
         "import sys; from huggingface_hub import hf_hub_download; a = sys.argv; "
         "print(hf_hub_download(a[1], a[2], revision=a[3], cache_dir=a[4]))"
     )
-    full_env = {**os.environ, "HF_ENDPOINT": hf.url, "HF_HUB_DISABLE_TELEMETRY": "1",
-                "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "5", **env}  # fmt: skip
+    full_env = {
+        **os.environ,
+        "HF_ENDPOINT": hf.url,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_ETAG_TIMEOUT": "5",
+        "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+        **env,
+    }
     if "HF_TOKEN" not in env:
         full_env.pop("HF_TOKEN", None)
     return subprocess.run(
-        [sys.executable, "-c", code, "tensorless-test/tiny-llama-GGUF", "tiny-llama.gguf",
-         revision, str(cache)],
-        capture_output=True, text=True, timeout=60, env=full_env, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            code,
+            "tensorless-test/tiny-llama-GGUF",
+            "tiny-llama.gguf",
+            revision,
+            str(cache),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=full_env,
+        check=False,
+    )
 
 
 def test_hf_hub_download_at_commit(hf: HFServer, tiny_gguf: TinyGguf, tmp_path: Path) -> None:
@@ -192,8 +212,9 @@ def test_hf_hub_download_at_commit(hf: HFServer, tiny_gguf: TinyGguf, tmp_path: 
 
 def test_hf_faults_drop_retry_and_token(hf: HFServer, tiny_gguf: TinyGguf, tmp_path: Path) -> None:
     # within one call the client resumes a dropped connection with Range
-    hf.add_fault("drop", repo_id=tiny_gguf.repo_id, filename=tiny_gguf.filename,
-                 after_bytes=100_000, times=1)  # fmt: skip
+    hf.add_fault(
+        "drop", repo_id=tiny_gguf.repo_id, filename=tiny_gguf.filename, after_bytes=100_000, times=1
+    )
     p = _hf_download(hf, tmp_path / "c2", tiny_gguf.commit)
     assert p.returncode == 0, p.stderr
     assert hashlib.sha256(Path(p.stdout.strip()).read_bytes()).hexdigest() == tiny_gguf.sha256
@@ -227,8 +248,9 @@ def test_curl_resumes_cut_download_on_host(
 ) -> None:
     h = gpu_hosts[0]
     url = hf.resolve_url(tiny_gguf.repo_id, tiny_gguf.filename)
-    hf.add_fault("drop", repo_id=tiny_gguf.repo_id, filename=tiny_gguf.filename,
-                 after_bytes=200_000, times=1)  # fmt: skip
+    hf.add_fault(
+        "drop", repo_id=tiny_gguf.repo_id, filename=tiny_gguf.filename, after_bytes=200_000, times=1
+    )
     f = "/tmp/harness-resume.gguf.partial"
     ssh(h, f"rm -f {f}")
     first = ssh(h, f"curl -fsSL -m 30 -o {f} '{url}'", check=False)
@@ -250,8 +272,9 @@ def test_curl_resumes_cut_download_on_host(
 # ------------------------------------------------------------------------------ GPU profiles
 
 
-def test_h200_profile_replays_real_nvidia_smi_bytes(ssh: SshRunner, test_hosts: dict[str, Host],
-                                                    profile: Any) -> None:  # fmt: skip
+def test_h200_profile_replays_real_nvidia_smi_bytes(
+    ssh: SshRunner, test_hosts: dict[str, Host], profile: Any
+) -> None:
     h = test_hosts["gpu1"]
     profile(h, "h200")
     fx = FIXTURES / "h200-driver-580"
@@ -265,8 +288,12 @@ def test_h200_profile_replays_real_nvidia_smi_bytes(ssh: SshRunner, test_hosts: 
         p = ssh(h, cmd, check=False)
         assert p.returncode == rc, cmd
         assert p.stdout == (fx / ref).read_text(), cmd
-    units = ssh(h, QUERY.replace(",driver_version", ",driver_version,pci.bus_id,persistence_mode")
-                .replace("csv,noheader,nounits", "csv")).stdout  # fmt: skip
+    units = ssh(
+        h,
+        QUERY.replace(",driver_version", ",driver_version,pci.bus_id,persistence_mode").replace(
+            "csv,noheader,nounits", "csv"
+        ),
+    ).stdout
     assert units.splitlines()[0] == (fx / "query-csv-units.out").read_text().splitlines()[0]
 
 

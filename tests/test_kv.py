@@ -15,8 +15,8 @@ import gguf
 import pytest
 from gguf import GGUFValueType as VT
 
-from tensorless_deploy.gguf_header import read_header_file
-from tensorless_deploy.kv import (
+from tensorless_deploy.gguf.header import read_header_file
+from tensorless_deploy.gguf.kv import (
     CARD_HEADROOM_MIN_BYTES,
     RUNTIME_OVERHEAD_BYTES,
     GeometryError,
@@ -414,9 +414,7 @@ def _run_llama_server(prefix: list[str], model: Path, args: list[str]) -> str:
 
 
 @pytest.fixture(scope="session")
-def llama_server(
-    hosts_json: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-) -> list[str]:
+def llama_server(hosts_json: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """A command prefix that runs the real llama-server: TENSORLESS_LLAMA_SERVER when set (a
     path, or any prefix), else the test harness's engine image under host-side podman, with the
     containers.conf tests/hosts/setup.sh wrote (runc, default_ulimits: FIELD.md) and the pytest
@@ -436,8 +434,12 @@ def llama_server(
     image = str(hosts_json["image"]["ref"])
     podman = ["env", *(f"{k}={v}" for k, v in env.items()), "podman"]
     if subprocess.run([*podman, "image", "exists", image], timeout=60).returncode != 0:
-        subprocess.run([*podman, "pull", "-q", "--tls-verify=false", image],
-                       check=True, capture_output=True, timeout=300)  # fmt: skip
+        subprocess.run(
+            [*podman, "pull", "-q", "--tls-verify=false", image],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
     temp = str(tmp_path_factory.getbasetemp())
     # the image's entrypoint is llama-server; SIGTERM from the test reaches it (sig-proxy)
     return [*podman, "run", "--rm", "--network", "host", "-v", f"{temp}:{temp}:ro", image]
@@ -473,7 +475,9 @@ def test_kv_matches_llama_server(
     for line, (_, _, nbytes) in zip(got, expected, strict=True):
         assert line.n_seq == want.n_seq and line.n_stream == want.n_stream
         assert abs(line.size_mib - nbytes / MiB) < 0.006, (line, nbytes)
-        print(f"KV {model} {' '.join(server_args)}: {line.cells} cells "
-              f"{line.layers} layers: llama-server {line.size_mib:.2f} MiB, "
-              f"estimate {nbytes / MiB:.2f} MiB")  # fmt: skip
+        print(
+            f"KV {model} {' '.join(server_args)}: {line.cells} cells "
+            f"{line.layers} layers: llama-server {line.size_mib:.2f} MiB, "
+            f"estimate {nbytes / MiB:.2f} MiB"
+        )
     assert gguf.GGUF_MAGIC  # the same gguf package wrote the tiny model

@@ -49,8 +49,9 @@ def tiny(tmp_path: Path) -> Iterator[tuple[HFServer, Path, dict[str, Any], bytes
 
     recipe = example()
     sha = hashlib.sha256(data).hexdigest()
-    recipe["model"].update(name="tiny", hf_repo=REPO, revision=COMMIT, file=FILE, sha256=sha,
-                           size_bytes=len(data))  # fmt: skip
+    recipe["model"].update(
+        name="tiny", hf_repo=REPO, revision=COMMIT, file=FILE, sha256=sha, size_bytes=len(data)
+    )
     recipe["run"]["alias"] = REPO
     with HFServer("127.0.0.1") as hf:
         hf.publish(REPO, {FILE: data}, commit=COMMIT)
@@ -73,10 +74,11 @@ def test_dry_run_with_standin_prints_the_exact_command(standin_smi: dict[str, st
     out = json.loads(proc.stdout)
     cmd = out["command"]
     assert cmd[:4] == ["podman", "run", "--rm", "--pull=never"] or cmd[0] == "docker"
-    assert ["--device", f"nvidia.com/gpu={P100_UUID}"] == cmd[cmd.index("--device"):][:2]
+    assert ["--device", f"nvidia.com/gpu={P100_UUID}"] == cmd[cmd.index("--device") :][:2]
     image = cmd[cmd.index("--label") :].index(
         "ghcr.io/iammrduncan/tensorless-engine@sha256:"
-        "35409ff97c2f518e468790c28bd19206ae777a945fcffe5775585e28fd9939a7")  # fmt: skip
+        "35409ff97c2f518e468790c28bd19206ae777a945fcffe5775585e28fd9939a7"
+    )
     assert image > 0
     assert cmd[-4:] == ["-b", "512", "-ub", "512"] or cmd[-1] == "--jinja"
     assert "--port" in out["server_args"] and "8099" in out["server_args"]
@@ -112,7 +114,7 @@ def _fetch(recipe_dir: Path, cache: Path, hf: HFServer) -> Any:
     code = (
         "import json,sys; from pathlib import Path;"
         "from tensorless_deploy.recipe import load_catalog;"
-        "from tensorless_deploy.local import fetch_model, hub_cache_dir;"
+        "from tensorless_deploy.local.run import fetch_model, hub_cache_dir;"
         f"r = load_catalog(Path({str(recipe_dir)!r})).find('tiny')[0].recipe;"
         "seen=[];"
         "blob, n = fetch_model(r, hub_cache_dir(), progress=lambda d, t: seen.append(d));"
@@ -122,8 +124,9 @@ def _fetch(recipe_dir: Path, cache: Path, hf: HFServer) -> Any:
     import sys
 
     env = {**os.environ, "HF_ENDPOINT": hf.url, "HF_HUB_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_model_fetch_resumes_refuses_wrong_bytes_and_is_idempotent(
@@ -154,11 +157,18 @@ def test_model_fetch_resumes_refuses_wrong_bytes_and_is_idempotent(
     import subprocess
     import sys
 
-    code = ("from huggingface_hub import hf_hub_download;"
-            f"print(hf_hub_download({REPO!r}, {FILE!r}, revision={COMMIT!r}, "
-            f"cache_dir={str(cache)!r}, local_files_only=True))")  # fmt: skip
-    hub = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=60)  # fmt: skip
+    code = (
+        "from huggingface_hub import hf_hub_download;"
+        f"print(hf_hub_download({REPO!r}, {FILE!r}, revision={COMMIT!r}, "
+        f"cache_dir={str(cache)!r}, local_files_only=True))"
+    )
+    hub = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        timeout=60,
+    )
     assert hub.returncode == 0, hub.stderr
     assert Path(hub.stdout.strip()).resolve() == Path(got["blob"])
 

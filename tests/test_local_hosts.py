@@ -101,9 +101,13 @@ def local_gpu(tmp_path: Path, hosts_json: dict[str, Any]) -> Iterator[dict[str, 
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tensorless_deploy", *args],
-                            env={**os.environ, **env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "tensorless_deploy", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_pull_then_run_serves_and_sigterm_leaves_nothing(
@@ -133,25 +137,48 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
         line + (run.stderr.read() if run.poll() is not None and run.stderr else "")
     )
     body = json.dumps({"prompt": "hello", "max_tokens": 8, "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{PORT}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{PORT}/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         answer = json.load(resp)
     assert answer["model"] == "tensorless-test/tiny-llama-GGUF"
     assert answer["timings"]["predicted_n"] == 8
-    ps = subprocess.run([*podman, "ps", "--format", "{{.Names}} {{.Image}}"], env={**os.environ,
-                        **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    ps = subprocess.run(
+        [*podman, "ps", "--format", "{{.Names}} {{.Image}}"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert f"tensorless-tiny-p100 {hosts_json['image']['ref']}" in ps.stdout
     # bench against the server this machine runs: numbers from its own timings
-    bench = _cli("bench", "tiny", "--local", "--port", str(PORT), "--runs", "2", "--json",
-                 "--recipes", str(catalog), env=env)  # fmt: skip
+    bench = _cli(
+        "bench",
+        "tiny",
+        "--local",
+        "--port",
+        str(PORT),
+        "--runs",
+        "2",
+        "--json",
+        "--recipes",
+        str(catalog),
+        env=env,
+    )
     out, err = bench.communicate(timeout=300)
     assert bench.returncode == 0, err
     (res,) = json.loads(out)["results"]
     assert res["runs"] == 2 and res["generated_tokens"] == 256 and res["decode_tps"]["median"] > 0
     run.send_signal(signal.SIGTERM)  # one signal is enough
     assert run.wait(timeout=60) == 0
-    left = subprocess.run([*podman, "ps", "-a", "--format", "{{.Names}}"],
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    left = subprocess.run(
+        [*podman, "ps", "-a", "--format", "{{.Names}}"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "tensorless-tiny-p100" not in left.stdout

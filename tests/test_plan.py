@@ -10,11 +10,7 @@ from typing import Any
 
 import pytest
 
-from tensorless_deploy import kv
-from tensorless_deploy.facts import host_facts_from_inventory
-from tensorless_deploy.facts.model import HostFacts
-from tensorless_deploy.gguf_header import GGUFHeader, read_header_file
-from tensorless_deploy.plan import (
+from tensorless_deploy.decisions.placement import (
     IDENTITY_MISMATCH,
     INFO_PENDING,
     NO_VALID_PLACEMENT,
@@ -27,8 +23,12 @@ from tensorless_deploy.plan import (
     plan_json,
     plan_model,
 )
+from tensorless_deploy.facts import host_facts_from_inventory
+from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.gguf import kv
+from tensorless_deploy.gguf.header import GGUFHeader, read_header_file
 from tensorless_deploy.recipe.catalog import Entry, recipe_digest
-from tensorless_deploy.recipe.model import Recipe
+from tensorless_deploy.recipe.schema import Recipe
 from tests.gguf_tools import write_tiny_llama
 from tests.recipe_tools import example
 
@@ -59,13 +59,17 @@ def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def make_entry(path: Path, *, card: str = "p100", args: list[str] | None = None,
-               context: int = 512, **top: Any) -> Entry:  # fmt: skip
+def make_entry(
+    path: Path, *, card: str = "p100", args: list[str] | None = None, context: int = 512, **top: Any
+) -> Entry:
     data = example()
     data["model"].update(
-        hf_repo="tensorless-test/plan-GGUF", file=path.name, size_bytes=path.stat().st_size,
-        revision="1" * 40, name="plan",
-    )  # fmt: skip
+        hf_repo="tensorless-test/plan-GGUF",
+        file=path.name,
+        size_bytes=path.stat().st_size,
+        revision="1" * 40,
+        name="plan",
+    )
     data["card"]["id"] = card
     data["run"].update(context=context, args=TINY_ARGS if args is None else args)
     data.update(top)
@@ -78,14 +82,22 @@ def headers_for(entry: Entry, path: Path) -> dict[tuple[str, str, str], HeaderRe
 
 
 def inv_host(name: str, **gpu: Any) -> PlanHost:
-    row = {"name": "Tesla P100-PCIE-16GB", "compute_cap": "6.0", "memory_total_mib": 16384,
-           "driver_version": "535.183.01", **gpu}  # fmt: skip
+    row = {
+        "name": "Tesla P100-PCIE-16GB",
+        "compute_cap": "6.0",
+        "memory_total_mib": 16384,
+        "driver_version": "535.183.01",
+        **gpu,
+    }
     return PlanHost(name, host_facts_from_inventory({"gpus": [row]}))
 
 
 def one(mp: ModelPlan, host: str, gpu: int | None = None) -> Any:
-    rows = [p for p in mp.placements if p.host == host and (gpu is None or p.gpu is None
-                                                            or p.gpu.index == gpu)]  # fmt: skip
+    rows = [
+        p
+        for p in mp.placements
+        if p.host == host and (gpu is None or p.gpu is None or p.gpu.index == gpu)
+    ]
     assert len(rows) == 1, rows
     return rows[0]
 
@@ -93,8 +105,12 @@ def one(mp: ModelPlan, host: str, gpu: int | None = None) -> Any:
 def test_mixed_host_lists_each_matching_gpu_and_refuses_the_full_one(tiny_path: Path) -> None:
     """mixed-p100-t4-podman5: P100 #0 empty, P100 #1 with 15876 of 16384 MiB used, a T4."""
     entry = make_entry(tiny_path)
-    mp = plan_model("tiny", [entry], [PlanHost("mixed", survey_facts("mixed-p100-t4-podman5"))],
-                    headers_for(entry, tiny_path))  # fmt: skip
+    mp = plan_model(
+        "tiny",
+        [entry],
+        [PlanHost("mixed", survey_facts("mixed-p100-t4-podman5"))],
+        headers_for(entry, tiny_path),
+    )
     assert [p.gpu.index for p in mp.placements if p.gpu] == [0, 1]  # the T4 is not this card
     g0, g1 = mp.placements
     assert g0.ok and not mp.alternative(g0) and mp.best is g0
@@ -110,8 +126,12 @@ def test_mixed_host_lists_each_matching_gpu_and_refuses_the_full_one(tiny_path: 
 
 def test_split_mode_none_silences_the_multi_gpu_note(tiny_path: Path) -> None:
     entry = make_entry(tiny_path, args=[*TINY_ARGS, "-sm", "none"])
-    mp = plan_model("tiny", [entry], [PlanHost("mixed", survey_facts("mixed-p100-t4-podman5"))],
-                    headers_for(entry, tiny_path))  # fmt: skip
+    mp = plan_model(
+        "tiny",
+        [entry],
+        [PlanHost("mixed", survey_facts("mixed-p100-t4-podman5"))],
+        headers_for(entry, tiny_path),
+    )
     assert mp.placements[0].ok and mp.placements[0].notes == ()
 
 
@@ -137,23 +157,29 @@ def test_no_card_no_driver_unreachable(tiny_path: Path) -> None:
 def test_header_pending_and_identity_mismatch(tiny_path: Path) -> None:
     entry = make_entry(tiny_path)
     host = [inv_host("a")]
-    pending = plan_model("tiny", [entry], host, {header_key(entry.recipe): HeaderResult(
-        None, "http://x/resolve: HTTP 503")})  # fmt: skip
+    pending = plan_model(
+        "tiny",
+        [entry],
+        host,
+        {header_key(entry.recipe): HeaderResult(None, "http://x/resolve: HTTP 503")},
+    )
     p = one(pending, "a")
     assert p.error_code == INFO_PENDING and "HTTP 503" in p.error and p.gpu is not None
     assert one(plan_model("tiny", [entry], host, {}), "a").error_code == INFO_PENDING
 
     real = read_header_file(tiny_path)
     wrong_size = dataclasses.replace(real, file_size=real.file_size + 1)  # type: ignore[operator]
-    p = one(plan_model("tiny", [entry], host,
-                       {header_key(entry.recipe): HeaderResult(wrong_size)}), "a")  # fmt: skip
+    p = one(
+        plan_model("tiny", [entry], host, {header_key(entry.recipe): HeaderResult(wrong_size)}), "a"
+    )
     assert p.error_code == IDENTITY_MISMATCH and "size_bytes" in p.error
 
     for drop in ("general.architecture", "llama.context_length"):
         meta = {k: v for k, v in real.metadata.items() if k != drop}
         bad = dataclasses.replace(real, metadata=meta)
-        p = one(plan_model("tiny", [entry], host,
-                           {header_key(entry.recipe): HeaderResult(bad)}), "a")  # fmt: skip
+        p = one(
+            plan_model("tiny", [entry], host, {header_key(entry.recipe): HeaderResult(bad)}), "a"
+        )
         assert p.error_code == IDENTITY_MISMATCH and drop in p.error, p
 
 
@@ -162,8 +188,9 @@ def test_draft_and_unpublished(tiny_path: Path) -> None:
     h = headers_for(draft, tiny_path)
     p = one(plan_model("tiny", [draft], [inv_host("a")], h), "a")
     assert p.error_code == NO_VALID_PLACEMENT and "--allow-draft" in p.error
-    assert one(plan_model("tiny", [draft], [inv_host("a")], h, PlanOptions(allow_draft=True)),
-               "a").ok  # fmt: skip
+    assert one(
+        plan_model("tiny", [draft], [inv_host("a")], h, PlanOptions(allow_draft=True)), "a"
+    ).ok
     unpub = make_entry(tiny_path)
     data = unpub.recipe.model_dump(mode="json", by_alias=True)
     data["engine"]["image"] = data["engine"]["image"].split("@")[0] + "@sha256:" + "0" * 64
@@ -174,8 +201,15 @@ def test_draft_and_unpublished(tiny_path: Path) -> None:
 
 def test_old_driver_refused(tiny_path: Path) -> None:
     entry = make_entry(tiny_path)
-    p = one(plan_model("tiny", [entry], [inv_host("a", driver_version="470.57.02")],
-                       headers_for(entry, tiny_path)), "a")  # fmt: skip
+    p = one(
+        plan_model(
+            "tiny",
+            [entry],
+            [inv_host("a", driver_version="470.57.02")],
+            headers_for(entry, tiny_path),
+        ),
+        "a",
+    )
     assert p.error_code == NO_VALID_PLACEMENT and "older than 525.60.13" in p.error
 
 
@@ -189,8 +223,9 @@ def test_gemma_on_a_busy_card_the_max_context_shrinks_exactly(gemma_path: Path) 
     # 3 global layers x 1 KV head x 256 x (K + V) x 2 bytes; 15 SWA layers are bounded
     assert kv.kv_bytes_per_token(g, s) == 3 * 256 * 2 * 2 == 3072
     used = 14500
-    mp = plan_model("gemma", [entry], [inv_host("busy", memory_used_mib=used)],
-                    headers_for(entry, gemma_path))  # fmt: skip
+    mp = plan_model(
+        "gemma", [entry], [inv_host("busy", memory_used_mib=used)], headers_for(entry, gemma_path)
+    )
     p = one(mp, "busy")
     usable = (16384 - used) * MiB - 16384 * MiB * 2 // 100
     assert p.card_memory.usable == usable
@@ -207,8 +242,10 @@ def test_gemma_on_a_busy_card_the_max_context_shrinks_exactly(gemma_path: Path) 
     assert p.context_fits is False and p.kv_bytes_per_token == 3072
     # asking for what fits: placed, untuned
     busy = [inv_host("busy", memory_used_mib=used)]
-    ok = one(plan_model("gemma", [entry], busy, headers_for(entry, gemma_path),
-                        PlanOptions(context=m)), "busy")  # fmt: skip
+    ok = one(
+        plan_model("gemma", [entry], busy, headers_for(entry, gemma_path), PlanOptions(context=m)),
+        "busy",
+    )
     assert ok.ok and not ok.tuned and ok.default_context_tokens == m and ok.need_bytes == need
 
 
@@ -222,8 +259,12 @@ def test_sizing_search_equals_kv_max_context(gemma_path: Path) -> None:
 
 def test_ranking_alternatives_and_json(tiny_path: Path) -> None:
     entry = make_entry(tiny_path)
-    hosts = [inv_host("b"), inv_host("a"), inv_host("c", memory_used_mib=1000),
-             PlanHost("h200", survey_facts("h200-real-bytes"))]  # fmt: skip
+    hosts = [
+        inv_host("b"),
+        inv_host("a"),
+        inv_host("c", memory_used_mib=1000),
+        PlanHost("h200", survey_facts("h200-real-bytes")),
+    ]
     mp = plan_model("tiny", [entry], hosts, headers_for(entry, tiny_path))
     # all three fit the whole 4096 context: most free memory first (a, b tie), then name
     assert mp.best is not None and mp.best.host == "a"
@@ -240,8 +281,9 @@ def test_ranking_alternatives_and_json(tiny_path: Path) -> None:
     assert a["kv_bytes_per_token"] == TINY_KV_Q8
     assert a["card_digest"] == recipe_digest(entry.recipe)
     assert a["memory_delta_by_node"] == {"a": a["memory"]["need_bytes"]}
-    assert a["memory"]["need_bytes"] == sum(a["memory"][k] for k in (
-        "weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes"))  # fmt: skip
+    assert a["memory"]["need_bytes"] == sum(
+        a["memory"][k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes")
+    )
     assert a["memory"]["used_bytes"] is None  # inventory data without memory_used_mib
     assert any("assumed 0" in n for n in a["notes"])
     assert rows["b"]["alternative"] is True
@@ -252,8 +294,16 @@ def test_ranking_alternatives_and_json(tiny_path: Path) -> None:
 
 def test_context_beyond_the_model_is_refused(tiny_path: Path) -> None:
     entry = make_entry(tiny_path)
-    p = one(plan_model("tiny", [entry], [inv_host("a")], headers_for(entry, tiny_path),
-                       PlanOptions(context=8192)), "a")  # fmt: skip
+    p = one(
+        plan_model(
+            "tiny",
+            [entry],
+            [inv_host("a")],
+            headers_for(entry, tiny_path),
+            PlanOptions(context=8192),
+        ),
+        "a",
+    )
     assert p.error_code == NO_VALID_PLACEMENT and "context_length 4096" in p.error
     assert p.max_context_tokens == 4096 and not p.tuned
 
@@ -267,6 +317,8 @@ def test_kv_settings_llama_server_would_refuse(tiny_path: Path) -> None:
 def test_header_without_size_is_not_a_mismatch(tiny_path: Path) -> None:
     entry = make_entry(tiny_path)
     h: GGUFHeader = dataclasses.replace(read_header_file(tiny_path), file_size=None)
-    p = one(plan_model("tiny", [entry], [inv_host("a")],
-                       {header_key(entry.recipe): HeaderResult(h)}), "a")  # fmt: skip
+    p = one(
+        plan_model("tiny", [entry], [inv_host("a")], {header_key(entry.recipe): HeaderResult(h)}),
+        "a",
+    )
     assert p.ok

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tensorless_deploy import kv
-from tensorless_deploy.gguf_header import read_header_file
+from tensorless_deploy.gguf import kv
+from tensorless_deploy.gguf.header import read_header_file
 from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
@@ -78,24 +78,36 @@ def gemma_recipe(hosts_json: dict[str, Any], path: Path) -> dict[str, Any]:
     with path.open("rb") as f:
         sha = hashlib.file_digest(f, "sha256").hexdigest()
     data["model"].update(
-        name="gemma3-270m", title="Gemma 3 270M Q4_K_M (test)", hf_repo=GEMMA_REPO,
-        file=path.name, sha256=sha, size_bytes=path.stat().st_size,
-    )  # fmt: skip
+        name="gemma3-270m",
+        title="Gemma 3 270M Q4_K_M (test)",
+        hf_repo=GEMMA_REPO,
+        file=path.name,
+        sha256=sha,
+        size_bytes=path.stat().st_size,
+    )
     data["run"].update(alias=GEMMA_REPO, context=32768, args=["-np", "1"])
     return data
 
 
 @pytest.fixture
 def planner(
-    tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host], hf: HFServer,
-    gemma_file: Path, profile: Any,
-) -> Iterator[Plan]:  # fmt: skip
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    gemma_file: Path,
+    profile: Any,
+) -> Iterator[Plan]:
     hf.publish(GEMMA_REPO, {gemma_file.name: gemma_file}, commit=GEMMA_COMMIT)
     profile("legacy1", "mixed")
     hosts = [test_hosts[n] for n in ("gpu1", "gpu2", "legacy1")]
     inventory = write_inventory(tmp_path / "inventory.py", hosts, unreachable=True)
-    p100 = {"name": "Tesla P100-PCIE-16GB", "compute_cap": "6.0", "memory_total_mib": 16384,
-            "driver_version": "535.183.01"}  # fmt: skip
+    p100 = {
+        "name": "Tesla P100-PCIE-16GB",
+        "compute_cap": "6.0",
+        "memory_total_mib": 16384,
+        "driver_version": "535.183.01",
+    }
     offline = [
         ("roomy", {"tensorless_gpus": [{**p100, "memory_used_mib": 0}]}),
         ("busy", {"tensorless_gpus": [{**p100, "memory_used_mib": BUSY_USED_MIB}]}),
@@ -105,8 +117,13 @@ def planner(
     offline_inv.write_text(f"hosts = {offline!r}\n", encoding="utf-8")
     tiny = tiny_recipe(hosts_json, TINY_COMMIT)
     catalog = write_catalog(tmp_path / "recipes", tiny, gemma_recipe(hosts_json, gemma_file))
-    env = {"NO_COLOR": "1", "HF_ENDPOINT": hf.url, "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "HF_TOKEN": "", "HF_HOME": str(tmp_path / "hf-home")}  # fmt: skip
+    env = {
+        "NO_COLOR": "1",
+        "HF_ENDPOINT": hf.url,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "HF_TOKEN": "",
+        "HF_HOME": str(tmp_path / "hf-home"),
+    }
     yield Plan(catalog, inventory, offline_inv, env, int(tiny["run"]["context"]))
 
 
@@ -161,9 +178,11 @@ def test_gemma_header_by_range_and_offline_max_context(
     stats = hf.stats(GEMMA_REPO, gemma_file.name)
     assert stats.bytes_sent == hdr["bytes_fetched"] and hdr["file_size"] == size
     assert stats.bytes_sent < size / 10, (stats.bytes_sent, size)
-    print(f"\nGemma 3 270M header: {stats.get} Range requests, {stats.bytes_sent} bytes of "
-          f"{size} ({100 * stats.bytes_sent / size:.2f} %), metadata {hdr['metadata_bytes']} "
-          "bytes")  # fmt: skip
+    print(
+        f"\nGemma 3 270M header: {stats.get} Range requests, {stats.bytes_sent} bytes of "
+        f"{size} ({100 * stats.bytes_sent / size:.2f} %), metadata {hdr['metadata_bytes']} "
+        "bytes"
+    )
 
     hosts = by_host(doc, GEMMA_REPO)
     (roomy,) = hosts["roomy"]
@@ -180,14 +199,15 @@ def test_gemma_header_by_range_and_offline_max_context(
     over = kv.estimate_memory(g, s, m + 256, size).total_bytes
     assert need <= usable < over and over - need == 256 * 3072
     assert busy["error_code"] == "no_valid_placement" and f"--context {m}" in busy["error"]
-    print(f"busy P100 ({BUSY_USED_MIB} MiB used): usable {usable}, max context {m} "
-          f"(need {need} <= usable < {over} at {m + 256})")  # fmt: skip
+    print(
+        f"busy P100 ({BUSY_USED_MIB} MiB used): usable {usable}, max context {m} "
+        f"(need {need} <= usable < {over} at {m + 256})"
+    )
     (nodata,) = hosts["nodata"]
     assert nodata["error_code"] == "placement_info_pending"
     assert "tensorless_gpus" in nodata["error"]
 
-    rc, doc, out = planner.run("gemma3-270m", "--limit", "busy", "--context", str(m),
-                               offline=True)  # fmt: skip
+    rc, doc, out = planner.run("gemma3-270m", "--limit", "busy", "--context", str(m), offline=True)
     assert rc == 0, out
     (busy,) = rows(doc, GEMMA_REPO)
     assert busy["ok"] and busy["tuned"] is False and busy["default_context_tokens"] == m
@@ -197,8 +217,18 @@ def test_gemma_header_by_range_and_offline_max_context(
 def test_header_server_down_is_pending_and_text_output(planner: Plan, hf: HFServer) -> None:
     hf.add_fault("404", repo_id=TINY_REPO, filename=TINY_FILE)
     env = {**planner.env, "XDG_CACHE_HOME": planner.env["XDG_CACHE_HOME"] + "-empty"}
-    proc = cli("plan", "-i", str(planner.inventory), "--recipes", str(planner.catalog), "tiny",
-               "--limit", "gpu1", env=env, timeout=120)  # fmt: skip
+    proc = cli(
+        "plan",
+        "-i",
+        str(planner.inventory),
+        "--recipes",
+        str(planner.catalog),
+        "tiny",
+        "--limit",
+        "gpu1",
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "placement_info_pending" in proc.stdout and "HTTP 404" in proc.stdout
     assert "NO PLACEMENT" in proc.stdout and "Traceback" not in proc.stderr

@@ -45,33 +45,57 @@ def airgapped(ssh: SshRunner) -> Iterator[str]:
 
 
 def _deploy(inv: Path, cat: Path, env: dict[str, str], *extra: str) -> tuple[int, dict[str, Any]]:
-    proc = cli("deploy", "-i", str(inv), "tiny", "--recipes", str(cat), "--limit", "gpu1",
-               "--json", *extra, env=env)  # fmt: skip
+    proc = cli(
+        "deploy",
+        "-i",
+        str(inv),
+        "tiny",
+        "--recipes",
+        str(cat),
+        "--limit",
+        "gpu1",
+        "--json",
+        *extra,
+        env=env,
+    )
     assert proc.stdout.startswith("{"), proc.stdout + proc.stderr
     return proc.returncode, json.loads(proc.stdout)["hosts"][0]
 
 
 @pytest.fixture
-def setting(tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host],
-            hf: HFServer, reset_host: Any, clean_hosts: None) -> dict[str, Any]:  # fmt: skip
+def setting(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    reset_host: Any,
+    clean_hosts: None,
+) -> dict[str, Any]:
     reset_host("gpu1", images=True)  # nothing there yet: model and image must both be sent
     registries = tmp_path / "registries.conf"
     registries.write_text(f'[[registry]]\nlocation = "{hosts_json["registry"]}"\ninsecure = true\n')
-    env = {"HF_ENDPOINT": hf.url, "HF_HUB_CACHE": str(tmp_path / "hub"),
-           "XDG_CACHE_HOME": str(tmp_path / "xdg"),
-           "CONTAINERS_REGISTRIES_CONF": str(registries)}  # fmt: skip
+    env = {
+        "HF_ENDPOINT": hf.url,
+        "HF_HUB_CACHE": str(tmp_path / "hub"),
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+        "CONTAINERS_REGISTRIES_CONF": str(registries),
+    }
     cat = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
     inv = write_inventory(tmp_path / "inventory.py", [test_hosts["gpu1"]])
     return {"env": env, "cat": cat, "inv": inv, "tmp": tmp_path}
 
 
 def test_airgapped_host_is_served_by_push_and_a_cut_push_resumes(
-    setting: dict[str, Any], airgapped: str, hosts_json: dict[str, Any], ssh: SshRunner,
+    setting: dict[str, Any],
+    airgapped: str,
+    hosts_json: dict[str, Any],
+    ssh: SshRunner,
     hf: HFServer,
-) -> None:  # fmt: skip
+) -> None:
     # the host really cannot reach the model server or the registry
-    probe = ssh("gpu1", f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 {hf.url}/",
-                check=False)  # fmt: skip
+    probe = ssh(
+        "gpu1", f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 3 {hf.url}/", check=False
+    )
     assert probe.stdout.strip() in ("", "000")
     size = hosts_json["tiny_gguf"]["size"]
     sha = hosts_json["tiny_gguf"]["sha256"]
@@ -101,10 +125,12 @@ def test_tampered_pushed_file_and_image_are_refused(
     proc = cli("pull", "tiny", "--recipes", str(setting["cat"]), env=env)
     blob = tmp / "hub" / "models--tensorless-test--tiny-llama-GGUF" / "blobs" / sha
     if not blob.exists():  # pull needs a local engine for the image; fetch the model alone
-        code = ("from pathlib import Path; from tensorless_deploy.recipe import load_catalog;"
-                "from tensorless_deploy.local import fetch_model, hub_cache_dir;"
-                f"r=load_catalog(Path({str(setting['cat'])!r})).find('tiny')[0].recipe;"
-                "fetch_model(r, hub_cache_dir())")  # fmt: skip
+        code = (
+            "from pathlib import Path; from tensorless_deploy.recipe import load_catalog;"
+            "from tensorless_deploy.local.run import fetch_model, hub_cache_dir;"
+            f"r=load_catalog(Path({str(setting['cat'])!r})).find('tiny')[0].recipe;"
+            "fetch_model(r, hub_cache_dir())"
+        )
         subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True)
     assert blob.exists(), proc.stderr
     data = bytearray(blob.read_bytes())
@@ -126,10 +152,21 @@ def test_tampered_pushed_file_and_image_are_refused(
     (archive,) = archives.glob("*.oci.tar")
     archive.unlink()
     ref = hosts_json["image"]["ref"]
-    subprocess.run([shutil.which("skopeo") or "skopeo", "--registries-conf",
-                    env["CONTAINERS_REGISTRIES_CONF"], "copy", "--quiet",
-                    "--dest-compress-format", "zstd", f"docker://{ref}",
-                    f"oci-archive:{archive}"], check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [
+            shutil.which("skopeo") or "skopeo",
+            "--registries-conf",
+            env["CONTAINERS_REGISTRIES_CONF"],
+            "copy",
+            "--quiet",
+            "--dest-compress-format",
+            "zstd",
+            f"docker://{ref}",
+            f"oci-archive:{archive}",
+        ],
+        check=True,
+        timeout=300,
+    )
     ssh("gpu1", "podman rmi -af >/dev/null 2>&1 || true")
     rc, host = _deploy(setting["inv"], setting["cat"], env, "--transfer", "push")
     assert rc == 1 and host["outcome"] == "failed"

@@ -69,8 +69,9 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
 def _check(text: str) -> None:
     recipe, problems = parse_recipe(text, REL)
     if recipe is None:
-        assert problems and all(p.startswith(REL + ": ") and "\n" not in p.strip()
-                                for p in problems)  # fmt: skip
+        assert problems and all(
+            p.startswith(REL + ": ") and "\n" not in p.strip() for p in problems
+        )
     else:
         assert isinstance(recipe, Recipe) and problems == []
 

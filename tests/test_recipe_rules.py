@@ -10,7 +10,7 @@ import pytest
 
 from tensorless_deploy.errors import RecipeError, UnknownModelError, UsageError
 from tensorless_deploy.recipe import load_catalog, recipe_digest
-from tensorless_deploy.recipe.model import LAUNCHER_FLAGS
+from tensorless_deploy.recipe.schema import LAUNCHER_FLAGS
 from tests.recipe_tools import example, variant, write_recipe
 
 REL = "iamMrDuncan/Qwen3.8-27B-PN3-GGUF/p100.toml"
@@ -56,10 +56,18 @@ CASES: list[tuple[str, str, Any, str]] = [
     ("model.hf_repo", "model.hf_repo", "no-slash", "must be a Hugging Face repository id"),
     ("model.hf_repo", "model.hf_repo", "a/b/c", "must be a Hugging Face repository id"),
     ("model.hf_repo", "model.hf_repo", DELETE, "is required"),
-    ("model.revision", "model.revision", "main",
-     'must be a 40-character lowercase hex commit, not a branch or tag ("main")'),
-    ("model.revision", "model.revision", "C701B6690EC360B16D40F85DF1CB76062E30CD38",
-     "40-character lowercase hex"),
+    (
+        "model.revision",
+        "model.revision",
+        "main",
+        'must be a 40-character lowercase hex commit, not a branch or tag ("main")',
+    ),
+    (
+        "model.revision",
+        "model.revision",
+        "C701B6690EC360B16D40F85DF1CB76062E30CD38",
+        "40-character lowercase hex",
+    ),
     ("model.revision", "model.revision", "v1.0", "not a branch or tag"),
     ("model.file", "model.file", "../x.gguf", "must be a clean relative path"),
     ("model.file", "model.file", "/abs/x.gguf", "must be a clean relative path"),
@@ -85,10 +93,18 @@ CASES: list[tuple[str, str, Any, str]] = [
     ("card.title", "card.title", "P100\r", "control characters"),
     ("engine.release", "engine.release", "", "must not be empty"),
     ("engine.arch", "engine.arch", "SM60", 'must be lowercase letters, digits and "_"'),
-    ("engine.image", "engine.image", "ghcr.io/iammrduncan/tensorless-engine:0.1.0-sm60",
-     "must be pinned by digest"),
-    ("engine.image", "engine.image",
-     f"ghcr.io/iammrduncan/tensorless-engine:0.1.0@sha256:{DIGEST}", "without a tag"),
+    (
+        "engine.image",
+        "engine.image",
+        "ghcr.io/iammrduncan/tensorless-engine:0.1.0-sm60",
+        "must be pinned by digest",
+    ),
+    (
+        "engine.image",
+        "engine.image",
+        f"ghcr.io/iammrduncan/tensorless-engine:0.1.0@sha256:{DIGEST}",
+        "without a tag",
+    ),
     ("engine.image", "engine.image", "ghcr.io/x/y@sha256:abc", '"@sha256:" and 64 lowercase hex'),
     ("engine.image", "engine.image", f"ghcr.io/x/y@sha512:{DIGEST}", '"@sha256:"'),
     ("engine.image", "engine.image", f"Bad Name@sha256:{DIGEST}", "invalid image name"),
@@ -167,7 +183,7 @@ def test_all_problems_of_a_file_at_once(tmp_path: Path) -> None:
 def test_path_must_match_hf_repo(tmp_path: Path) -> None:
     found = problems(tmp_path, example(), "iamMrDuncan/Other-GGUF/p100.toml")
     assert found == [
-        'iamMrDuncan/Other-GGUF/p100.toml: model.hf_repo: must equal the directory '
+        "iamMrDuncan/Other-GGUF/p100.toml: model.hf_repo: must equal the directory "
         '"iamMrDuncan/Other-GGUF" ("iamMrDuncan/Qwen3.8-27B-PN3-GGUF"); move the file or fix '
         "the key"
     ]

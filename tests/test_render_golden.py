@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from tensorless_deploy.launch import LaunchSpec
-from tensorless_deploy.render import (
+from tensorless_deploy.launch.render import (
     RenderError,
     render_quadlet,
     render_service,
@@ -36,15 +35,24 @@ from tensorless_deploy.render import (
     sd_value,
     sd_word,
 )
+from tensorless_deploy.launch.spec import LaunchSpec
 from tests.render_cases import INPUT, Case, cases, recipe_for, rendered_files, spec_for
 
 REGEN = os.environ.get("TENSORLESS_REGEN_GOLDEN") == "1"
 CASES = cases()
 EXPECTED_CASES = {
-    "quadlet-podman5", "quadlet-podman4", "service-podman", "service-docker",
-    "multi-gpu-quadlet", "multi-gpu-docker", "untuned-context-extra-args",
-    "bind-port-quadlet", "bind-port-service", "escaping-quadlet", "escaping-service",
-}  # fmt: skip
+    "quadlet-podman5",
+    "quadlet-podman4",
+    "service-podman",
+    "service-docker",
+    "multi-gpu-quadlet",
+    "multi-gpu-docker",
+    "untuned-context-extra-args",
+    "bind-port-quadlet",
+    "bind-port-service",
+    "escaping-quadlet",
+    "escaping-service",
+}
 
 
 def _on_disk(folder: Path) -> dict[str, str]:
@@ -78,8 +86,11 @@ def test_golden(case: Case) -> None:
 
 
 def _golden(case: str, suffix: str) -> str:
-    (text,) = [t for n, t in _on_disk(Path(__file__).parent / "golden" / case).items()
-               if n.endswith(suffix)]  # fmt: skip
+    (text,) = [
+        t
+        for n, t in _on_disk(Path(__file__).parent / "golden" / case).items()
+        if n.endswith(suffix)
+    ]
     return text
 
 
@@ -170,21 +181,47 @@ def test_volume_paths_must_be_absolute_without_colon() -> None:
 
 def test_quadlet_raw_values_refuse_unsafe_paths() -> None:
     base = spec_for(_base(), recipe_for(_base()))
-    for bad in ("/srv/my models/m.gguf", "/srv/100%/m.gguf", "/srv/$HOME/m.gguf", '/srv/"q"/m',
-                "/srv/a,b/m.gguf", "/srv/a\\b/m.gguf", "/srv/it's/m.gguf"):  # fmt: skip
+    for bad in (
+        "/srv/my models/m.gguf",
+        "/srv/100%/m.gguf",
+        "/srv/$HOME/m.gguf",
+        '/srv/"q"/m',
+        "/srv/a,b/m.gguf",
+        "/srv/a\\b/m.gguf",
+        "/srv/it's/m.gguf",
+    ):
         with pytest.raises(RenderError):
-            render_quadlet(dataclasses.replace(base, model_path=bad), digest="d",
-                           notify_healthy=True)  # fmt: skip
+            render_quadlet(
+                dataclasses.replace(base, model_path=bad), digest="d", notify_healthy=True
+            )
         # a plain unit quotes the whole --volume word: the same path is fine there
-        unit = render_service(dataclasses.replace(base, model_path=bad), digest="d",
-                              engine_bin="/usr/bin/podman")  # fmt: skip
+        unit = render_service(
+            dataclasses.replace(base, model_path=bad), digest="d", engine_bin="/usr/bin/podman"
+        )
         assert "--volume" in unit.content
 
 
 @pytest.mark.parametrize(
-    "bad", ["", " ", "a b", '"q"', "'q'", "100%", "$HOME", "${X}", "a\\b", "a,b", "a;b", "#x",
-            "a\nb", "a\tb", "\x7f", "é"],
-)  # fmt: skip
+    "bad",
+    [
+        "",
+        " ",
+        "a b",
+        '"q"',
+        "'q'",
+        "100%",
+        "$HOME",
+        "${X}",
+        "a\\b",
+        "a,b",
+        "a;b",
+        "#x",
+        "a\nb",
+        "a\tb",
+        "\x7f",
+        "é",
+    ],
+)
 def test_sd_raw_refuses_unsafe(bad: str) -> None:
     with pytest.raises(RenderError):
         sd_raw(bad)
@@ -193,9 +230,13 @@ def test_sd_raw_refuses_unsafe(bad: str) -> None:
 
 
 def test_sd_raw_passes_plain_values() -> None:
-    for good in ("nvidia.com/gpu=GPU-ab6a0263-1", "/var/lib/x/blobs/abc:/models/m.gguf:ro",
-                 "10.253.0.1:5000/img@sha256:35ab", "http://[::1]:9090/health",
-                 "a+b_c"):  # fmt: skip
+    for good in (
+        "nvidia.com/gpu=GPU-ab6a0263-1",
+        "/var/lib/x/blobs/abc:/models/m.gguf:ro",
+        "10.253.0.1:5000/img@sha256:35ab",
+        "http://[::1]:9090/health",
+        "a+b_c",
+    ):
         assert sd_raw(good) == good
 
 

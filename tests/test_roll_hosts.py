@@ -23,9 +23,14 @@ REPO_DIR = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
 
 
 def test_roll_stops_at_the_first_failed_host(
-    tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host], hf: HFServer,
-    ssh: SshRunner, profile: Any, clean_hosts: None,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    ssh: SshRunner,
+    profile: Any,
+    clean_hosts: None,
+) -> None:
     names = ["gpu1", "gpu2", "gpu3", "legacy1"]
     if any(n not in test_hosts for n in names):
         pytest.skip("needs four hosts: tests/hosts/setup.sh 3 (./check all boots them)")
@@ -35,8 +40,9 @@ def test_roll_stops_at_the_first_failed_host(
     v2_bytes = v2.read_bytes()
     v2_sha = hashlib.sha256(v2_bytes).hexdigest()
     tiny = Path(hosts_json["tiny_gguf"]["path"])
-    hf.publish(TINY_REPO, {hosts_json["tiny_gguf"]["hf_file"]: tiny, V2_FILE: v2},
-               commit=TINY_COMMIT)  # fmt: skip
+    hf.publish(
+        TINY_REPO, {hosts_json["tiny_gguf"]["hf_file"]: tiny, V2_FILE: v2}, commit=TINY_COMMIT
+    )
     inventory = write_inventory(tmp_path / "inventory.py", [test_hosts[n] for n in names])
     catalog = tmp_path / "recipes"
     env = {"HF_ENDPOINT": hf.url}
@@ -52,10 +58,13 @@ def test_roll_stops_at_the_first_failed_host(
     write_catalog(catalog, new_recipe)
     # gpu3 already "has" the v2 file, verified earlier, and it has rotted since: same size and
     # mtime as its stamp says, so deploy trusts it, and llama-server cannot load it
-    ssh("gpu3", f"mkdir -p {REPO_DIR}/blobs /var/lib/tensorless/models/.tensorless && "
-                f"head -c {len(v2_bytes)} /dev/urandom > {REPO_DIR}/blobs/{v2_sha} && "
-                f"echo \"$(stat -c '%s %Y' {REPO_DIR}/blobs/{v2_sha})\" > "
-                f"/var/lib/tensorless/models/.tensorless/{v2_sha}.verified")  # fmt: skip
+    ssh(
+        "gpu3",
+        f"mkdir -p {REPO_DIR}/blobs /var/lib/tensorless/models/.tensorless && "
+        f"head -c {len(v2_bytes)} /dev/urandom > {REPO_DIR}/blobs/{v2_sha} && "
+        f"echo \"$(stat -c '%s %Y' {REPO_DIR}/blobs/{v2_sha})\" > "
+        f"/var/lib/tensorless/models/.tensorless/{v2_sha}.verified",
+    )
 
     proc = cli(*base, "--serial", "1", env=env)
     assert proc.returncode == 1

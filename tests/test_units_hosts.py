@@ -49,8 +49,7 @@ def _push_goldens(host: Host, tmp_path: Path, ssh: SshRunner) -> None:
                     t.add(p, arcname=f"{case.name}/{p.name}")
     ssh(host, f"rm -rf {REMOTE} && mkdir -p {REMOTE}")
     with tar.open("rb") as f:
-        subprocess.run([*ssh_argv(host), f"tar -C {REMOTE} -xf -"], stdin=f, check=True,
-                       timeout=60)  # fmt: skip
+        subprocess.run([*ssh_argv(host), f"tar -C {REMOTE} -xf -"], stdin=f, check=True, timeout=60)
 
 
 def _verify(ssh: SshRunner, host: str, unit: str, *extra: str) -> list[str]:
@@ -80,8 +79,9 @@ def test_goldens_pass_real_quadlet_and_systemd_analyze(
         (unit,) = [p.name for p in case.folder.iterdir() if p.name != INPUT]
         src = f"{REMOTE}/{case.name}/{unit}"
         if case.kind == "quadlet":
-            proc = ssh("gpu1", f"QUADLET_UNIT_DIRS={REMOTE}/{case.name} {QUADLET} -dryrun",
-                       check=False)  # fmt: skip
+            proc = ssh(
+                "gpu1", f"QUADLET_UNIT_DIRS={REMOTE}/{case.name} {QUADLET} -dryrun", check=False
+            )
             assert proc.returncode == 0, (case.name, proc.stderr)
             problems = [ln for ln in proc.stderr.splitlines() if "Loading source unit" not in ln]
             assert problems == [], (case.name, proc.stderr)
@@ -99,22 +99,31 @@ def test_goldens_pass_real_quadlet_and_systemd_analyze(
             complaints = _verify(ssh, host, src, *extra)
             if docker:  # parsed to the end: only the missing binary is left to say
                 assert complaints, (host, case.name)
-                assert set(complaints) == {f"{unit}: {DOCKER_MISSING}"}, (host, case.name,
-                                                                           complaints)  # fmt: skip
+                assert set(complaints) == {f"{unit}: {DOCKER_MISSING}"}, (
+                    host,
+                    case.name,
+                    complaints,
+                )
             else:
                 assert complaints == [], (host, case.name, complaints)
 
     # the same check notices a broken unit (so "no complaint" above means something)
     broken = f"{REMOTE}/broken/tensorless-broken.service"
     good = f"{REMOTE}/service-podman/*.service"
-    ssh("gpu1", f"mkdir -p {REMOTE}/broken && sed 's|^ExecStart=.*|ExecStart=/usr/bin/podman "
-                f"\"unterminated|; s|^Restart=.*|Restart=sometimes|' {good} "
-                f"> {broken}")  # fmt: skip
+    ssh(
+        "gpu1",
+        f"mkdir -p {REMOTE}/broken && sed 's|^ExecStart=.*|ExecStart=/usr/bin/podman "
+        f"\"unterminated|; s|^Restart=.*|Restart=sometimes|' {good} "
+        f"> {broken}",
+    )
     assert _verify(ssh, "gpu1", broken) != []
     # quadlet takes Volume= raw (why sd_raw exists): quoting it does not fail here, the quotes
     # land inside podman's -v value, and podman then refuses the option "ro\""
-    ssh("gpu1", f"mkdir -p {REMOTE}/badq && sed 's/^Volume=\\(.*\\)$/Volume=\"\\1\"/' "
-                f"{REMOTE}/quadlet-podman5/*.container > {REMOTE}/badq/bad.container")  # fmt: skip
+    ssh(
+        "gpu1",
+        f"mkdir -p {REMOTE}/badq && sed 's/^Volume=\\(.*\\)$/Volume=\"\\1\"/' "
+        f"{REMOTE}/quadlet-podman5/*.container > {REMOTE}/badq/bad.container",
+    )
     proc = ssh("gpu1", f"QUADLET_UNIT_DIRS={REMOTE}/badq {QUADLET} -dryrun", check=False)
     assert proc.returncode == 0, proc.stderr
     assert ' -v "\\"/var/lib/tensorless/models/' in proc.stdout
@@ -137,19 +146,31 @@ WEIRD_ARGS = ["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "--api-ke
 
 
 def test_odd_env_and_args_arrive_exactly(
-    tmp_path: Path, hosts_json: dict[str, Any], test_hosts: dict[str, Host], hf: HFServer,
-    ssh: SshRunner, clean_hosts: None,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    ssh: SshRunner,
+    clean_hosts: None,
+) -> None:
     recipe = tiny_recipe(hosts_json, TINY_COMMIT, env=WEIRD_ENV, args=WEIRD_ARGS)
     catalog = write_catalog(tmp_path / "recipes", recipe)
-    inventory = write_inventory(tmp_path / "inventory.py",
-                                [test_hosts["gpu1"], test_hosts["legacy1"]])  # fmt: skip
-    proc = cli("deploy", "-i", str(inventory), "tiny", "--recipes", str(catalog), "--json",
-               env={"HF_ENDPOINT": hf.url})  # fmt: skip
+    inventory = write_inventory(
+        tmp_path / "inventory.py", [test_hosts["gpu1"], test_hosts["legacy1"]]
+    )
+    proc = cli(
+        "deploy",
+        "-i",
+        str(inventory),
+        "tiny",
+        "--recipes",
+        str(catalog),
+        "--json",
+        env={"HF_ENDPOINT": hf.url},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
-    assert {n: h["outcome"] for n, h in report.items()} == {"gpu1": "changed",
-                                                            "legacy1": "changed"}  # fmt: skip
+    assert {n: h["outcome"] for n, h in report.items()} == {"gpu1": "changed", "legacy1": "changed"}
 
     assert ssh("gpu1", f"test -f /etc/containers/systemd/{UNIT}.container").returncode == 0
     assert ssh("legacy1", f"test -f /etc/systemd/system/{UNIT}.service").returncode == 0

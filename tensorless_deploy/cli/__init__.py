@@ -17,24 +17,33 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
     # Shared flags work before or after the command; SUPPRESS keeps a later default from
     # overwriting what was given earlier.
     default = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
-    p.add_argument("--json", action="store_true", default=default(False),
-                   help="print JSON for scripts")  # fmt: skip
-    p.add_argument("-v", "--verbose", action="count", default=default(0),
-                   help="say more (repeat for more)")  # fmt: skip
+    p.add_argument(
+        "--json", action="store_true", default=default(False), help="print JSON for scripts"
+    )
+    p.add_argument(
+        "-v", "--verbose", action="count", default=default(0), help="say more (repeat for more)"
+    )
 
 
 def _recipes_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--recipes", type=Path, metavar="DIR",
-                   help="read DIR/<org>/<repo>/<card>.toml, not the built-in catalog")  # fmt: skip
+    p.add_argument(
+        "--recipes",
+        type=Path,
+        metavar="DIR",
+        help="read DIR/<org>/<repo>/<card>.toml, not the built-in catalog",
+    )
 
 
 def _hosts_flags(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("-i", "--inventory", metavar="INVENTORY",
-                       help="pyinfra inventory file (see inventories/example.py)")  # fmt: skip
+    where.add_argument(
+        "-i",
+        "--inventory",
+        metavar="INVENTORY",
+        help="pyinfra inventory file (see inventories/example.py)",
+    )
     where.add_argument("--local", action="store_true", help="this machine only")
-    p.add_argument("--limit", action="append", metavar="HOST",
-                   help="only this host (repeatable)")  # fmt: skip
+    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,127 +61,213 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    p = command("check", "validate a recipes directory (exit 1 when any recipe is refused)",
-                "catalog_cmds:cmd_check")  # fmt: skip
-    p.add_argument("dir", nargs="?", type=Path, metavar="DIR",
-                   help="recipes directory (default: the built-in catalog)")  # fmt: skip
+    p = command(
+        "check",
+        "validate a recipes directory (exit 1 when any recipe is refused)",
+        "catalog:cmd_check",
+    )
+    p.add_argument(
+        "dir",
+        nargs="?",
+        type=Path,
+        metavar="DIR",
+        help="recipes directory (default: the built-in catalog)",
+    )
 
-    p = command("models", "list the recipes: one row per model and card", "catalog_cmds:cmd_models")
+    p = command("models", "list the recipes: one row per model and card", "catalog:cmd_models")
     _recipes_flag(p)
 
-    p = command("info", "show every value of a model's recipes before anything is downloaded",
-                "catalog_cmds:cmd_info")  # fmt: skip
+    p = command(
+        "info",
+        "show every value of a model's recipes before anything is downloaded",
+        "catalog:cmd_info",
+    )
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument("--card", metavar="ID", help="only this card's recipe")
     _recipes_flag(p)
 
-    p = command("doctor", "check hosts read-only, with the command that fixes each problem",
-                "doctor_cmd:cmd_doctor")  # fmt: skip
+    p = command(
+        "doctor",
+        "check hosts read-only, with the command that fixes each problem",
+        "doctor:cmd_doctor",
+    )
     _hosts_flags(p)
-    p.add_argument("models", nargs="*", metavar="MODEL",
-                   help="repo ids or short names (default: readiness, and what each host can "
-                   "serve)")  # fmt: skip
+    p.add_argument(
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help="repo ids or short names (default: readiness, and what each host can serve)",
+    )
     p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
     p.add_argument("--port", type=int, default=8080, help="serving port to check (default 8080)")
-    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
-                   help="serving address to check (default 127.0.0.1)")  # fmt: skip
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="serving address to check (default 127.0.0.1)",
+    )
     _recipes_flag(p)
 
-    p = command("plan", "where each model fits, per host and GPU: the largest context, KV bytes "
-                "per token, memory needed vs free, or why not (exit 1 when a model has no "
-                "placement)", "plan_cmd:cmd_plan")  # fmt: skip
+    p = command(
+        "plan",
+        "where each model fits, per host and GPU: the largest context, KV bytes "
+        "per token, memory needed vs free, or why not (exit 1 when a model has no "
+        "placement)",
+        "plan:cmd_plan",
+    )
     _hosts_flags(p)
     p.add_argument("models", nargs="+", metavar="MODEL", help="repo ids or short names")
-    p.add_argument("--context", type=int, metavar="N",
-                   help="does context N fit (instead of the recipe's; untuned)")  # fmt: skip
-    p.add_argument("--offline", action="store_true",
-                   help="plan from inventory data (tensorless_gpus), no SSH")  # fmt: skip
+    p.add_argument(
+        "--context",
+        type=int,
+        metavar="N",
+        help="does context N fit (instead of the recipe's; untuned)",
+    )
+    p.add_argument(
+        "--offline", action="store_true", help="plan from inventory data (tensorless_gpus), no SSH"
+    )
     p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
     _recipes_flag(p)
 
-    p = command("deploy", "serve a recipe on every matching host: image by digest, verified "
-                "model, systemd unit, /health (extra llama-server args after --, untuned)",
-                "deploy_cmd:cmd_deploy")  # fmt: skip
-    p.add_argument("-i", "--inventory", required=True, metavar="INVENTORY",
-                   help="pyinfra inventory file (see inventories/example.py)")  # fmt: skip
-    p.add_argument("--limit", action="append", metavar="HOST",
-                   help="only this host (repeatable)")  # fmt: skip
+    p = command(
+        "deploy",
+        "serve a recipe on every matching host: image by digest, verified "
+        "model, systemd unit, /health (extra llama-server args after --, untuned)",
+        "deploy:cmd_deploy",
+    )
+    p.add_argument(
+        "-i",
+        "--inventory",
+        required=True,
+        metavar="INVENTORY",
+        help="pyinfra inventory file (see inventories/example.py)",
+    )
+    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument("--dry", action="store_true", help="show what would change; change nothing")
-    p.add_argument("--transfer", choices=("auto", "pull", "push"), default="auto",
-                   help="pull: hosts fetch model and image; push: this machine sends them; "
-                   "auto (default): push only where a host cannot reach them")  # fmt: skip
-    p.add_argument("--serial", type=int, metavar="N",
-                   help="roll N hosts at a time; the first failure stops the roll")  # fmt: skip
+    p.add_argument(
+        "--transfer",
+        choices=("auto", "pull", "push"),
+        default="auto",
+        help="pull: hosts fetch model and image; push: this machine sends them; "
+        "auto (default): push only where a host cannot reach them",
+    )
+    p.add_argument(
+        "--serial",
+        type=int,
+        metavar="N",
+        help="roll N hosts at a time; the first failure stops the roll",
+    )
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
-    p.add_argument("--context", type=int, metavar="N",
-                   help="context instead of the recipe's (marks the run untuned)")  # fmt: skip
-    p.add_argument("--port", type=int, metavar="N",
-                   help="API port (default: the host's tensorless_port, else 8080)")  # fmt: skip
-    p.add_argument("--bind", metavar="ADDR",
-                   help="API address (default: tensorless_bind, else 127.0.0.1)")  # fmt: skip
+    p.add_argument(
+        "--context",
+        type=int,
+        metavar="N",
+        help="context instead of the recipe's (marks the run untuned)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        metavar="N",
+        help="API port (default: the host's tensorless_port, else 8080)",
+    )
+    p.add_argument(
+        "--bind", metavar="ADDR", help="API address (default: tensorless_bind, else 127.0.0.1)"
+    )
     p.set_defaults(takes_extra=True)
     _recipes_flag(p)
 
     def local_flags(p: argparse.ArgumentParser, server: bool) -> None:
         p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
         p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
-        p.add_argument("--engine", choices=("podman", "docker"),
-                       help="container engine (default: podman, else docker)")  # fmt: skip
+        p.add_argument(
+            "--engine",
+            choices=("podman", "docker"),
+            help="container engine (default: podman, else docker)",
+        )
         if server:
             p.add_argument("--port", type=int, metavar="N", help="API port (default 8080)")
             p.add_argument("--host", metavar="ADDR", help="API address (default 127.0.0.1)")
-            p.add_argument("--context", type=int, metavar="N",
-                           help="context instead of the recipe's (untuned)")  # fmt: skip
+            p.add_argument(
+                "--context", type=int, metavar="N", help="context instead of the recipe's (untuned)"
+            )
             p.set_defaults(takes_extra=True)
         _recipes_flag(p)
 
-    p = command("run", "run a recipe on this machine in the foreground until Ctrl-C "
-                "(extra llama-server args after --, untuned)", "run_cmd:cmd_run")  # fmt: skip
+    p = command(
+        "run",
+        "run a recipe on this machine in the foreground until Ctrl-C "
+        "(extra llama-server args after --, untuned)",
+        "run:cmd_run",
+    )
     local_flags(p, server=True)
-    p.add_argument("--dry-run", action="store_true",
-                   help="print every value and the exact command; change nothing")  # fmt: skip
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print every value and the exact command; change nothing",
+    )
 
-    p = command("pull", "fetch a recipe's image (by digest) and model (sha256-verified)",
-                "run_cmd:cmd_pull")  # fmt: skip
+    p = command(
+        "pull", "fetch a recipe's image (by digest) and model (sha256-verified)", "run:cmd_pull"
+    )
     local_flags(p, server=False)
     p.add_argument("--card", metavar="ID", help="the card's recipe (default: this machine's GPU)")
 
-    p = command("serve", "serve a recipe always-on on this machine: the deploy path, locally",
-                "run_cmd:cmd_serve")  # fmt: skip
+    p = command(
+        "serve",
+        "serve a recipe always-on on this machine: the deploy path, locally",
+        "run:cmd_serve",
+    )
     local_flags(p, server=True)
 
-    p = command("bench", "measure decode and prefill speed against the recipe's receipt",
-                "bench_cmd:cmd_bench")  # fmt: skip
+    p = command(
+        "bench", "measure decode and prefill speed against the recipe's receipt", "bench:cmd_bench"
+    )
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--local", action="store_true",
-                       help="the server on this machine (the default; see --port)")  # fmt: skip
-    where.add_argument("-i", "--inventory", metavar="INVENTORY",
-                       help="every inventory host serving MODEL, through SSH")  # fmt: skip
+    where.add_argument(
+        "--local", action="store_true", help="the server on this machine (the default; see --port)"
+    )
+    where.add_argument(
+        "-i",
+        "--inventory",
+        metavar="INVENTORY",
+        help="every inventory host serving MODEL, through SSH",
+    )
     where.add_argument("--url", metavar="URL", help="a server at http://HOST:PORT")
     p.add_argument("--port", type=int, default=8080, metavar="N", help="local port (8080)")
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
     p.add_argument("--card", metavar="ID", help="the card's recipe (default: the model's first)")
     p.add_argument("--runs", type=int, default=3, metavar="N", help="measured runs (default 3)")
-    p.add_argument("--tolerance", type=float, default=0.10, metavar="F",
-                   help="how far below the receipt still meets it (default 0.10)")  # fmt: skip
-    p.add_argument("--receipt", action="store_true",
-                   help="print the [receipt] table for the measured numbers")  # fmt: skip
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="how far below the receipt still meets it (default 0.10)",
+    )
+    p.add_argument(
+        "--receipt", action="store_true", help="print the [receipt] table for the measured numbers"
+    )
     _recipes_flag(p)
 
-    p = command("status", "what each host serves: model, port, health, tuning, drift",
-                "status_cmd:cmd_status")  # fmt: skip
+    p = command(
+        "status", "what each host serves: model, port, health, tuning, drift", "status:cmd_status"
+    )
     _hosts_flags(p)
     _recipes_flag(p)
 
-    p = command("stop", "stop and remove a model's unit (on this machine without -i)",
-                "status_cmd:cmd_stop")  # fmt: skip
+    p = command(
+        "stop", "stop and remove a model's unit (on this machine without -i)", "status:cmd_stop"
+    )
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
-    p.add_argument("-i", "--inventory", metavar="INVENTORY",
-                   help="pyinfra inventory file (default: this machine)")  # fmt: skip
-    p.add_argument("--limit", action="append", metavar="HOST",
-                   help="only this host (repeatable)")  # fmt: skip
+    p.add_argument(
+        "-i",
+        "--inventory",
+        metavar="INVENTORY",
+        help="pyinfra inventory file (default: this machine)",
+    )
+    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
     p.add_argument("--purge", action="store_true", help="also remove the model file")
     _recipes_flag(p)
     return parser
@@ -205,8 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in exc.lines():
             print(line, file=sys.stderr)
         files = len({line.split(": ", 1)[0] for line in exc.problems})
-        print(f"{len(exc.problems)} problem(s) in {files} file(s): no recipe was loaded",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{len(exc.problems)} problem(s) in {files} file(s): no recipe was loaded",
+            file=sys.stderr,
+        )
         return exc.exit_code
     except TensorlessError as exc:
         for line in exc.lines():

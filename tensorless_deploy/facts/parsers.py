@@ -16,7 +16,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]
 
 from .errors import FactError
-from .model import (
+from .values import (
     CDI_GPU_KIND,
     COMPUTE_CAP,
     CdiReport,
@@ -39,8 +39,14 @@ from .model import (
 
 # The one GPU query the project runs; its field order is what parse_nvidia_smi reads.
 NVIDIA_SMI_FIELDS: tuple[str, ...] = (
-    "index", "uuid", "name", "compute_cap", "memory.total", "memory.used", "driver_version",
-)  # fmt: skip
+    "index",
+    "uuid",
+    "name",
+    "compute_cap",
+    "memory.total",
+    "memory.used",
+    "driver_version",
+)
 NVIDIA_SMI_QUERY = (
     f"nvidia-smi --query-gpu={','.join(NVIDIA_SMI_FIELDS)} --format=csv,noheader,nounits"
 )

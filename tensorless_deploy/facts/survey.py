@@ -13,20 +13,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .errors import FactError
-from .model import (
-    CdiReport,
-    CdiSpec,
-    ContainerEngines,
-    ContainerToolkit,
-    DiskSpace,
-    GpuReport,
-    HostFacts,
-    InitSystem,
-    Listener,
-    NvidiaDevices,
-    Selinux,
-    Source,
-)
 from .parsers import (
     NVIDIA_SMI_QUERY,
     analyse_cdi,
@@ -42,6 +28,20 @@ from .parsers import (
     parse_quadlet_path,
     parse_selinux,
     parse_ss,
+)
+from .values import (
+    CdiReport,
+    CdiSpec,
+    ContainerEngines,
+    ContainerToolkit,
+    DiskSpace,
+    GpuReport,
+    HostFacts,
+    InitSystem,
+    Listener,
+    NvidiaDevices,
+    Selinux,
+    Source,
 )
 
 SECTION_MARKER = "@@td section "

@@ -8,7 +8,7 @@ from tensorless_deploy.recipe.catalog import (
     parse_recipe,
     recipe_digest,
 )
-from tensorless_deploy.recipe.model import Recipe
+from tensorless_deploy.recipe.schema import Recipe
 
 __all__ = [
     "Catalog",

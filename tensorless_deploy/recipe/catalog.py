@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from tensorless_deploy.errors import RecipeError, UnknownModelError, UsageError
-from tensorless_deploy.recipe.model import Recipe
+from tensorless_deploy.recipe.schema import Recipe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -166,9 +166,7 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
     for part in loc[:-1]:
         if not isinstance(part, str):
             return []
-        field = next(
-            (f for n, f in model.model_fields.items() if (f.alias or n) == part), None
-        )
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
         ann = field.annotation if field else None
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return []

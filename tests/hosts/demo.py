@@ -33,29 +33,46 @@ def main() -> int:
     host = load_hosts()["gpu1"]
     work = Path(tempfile.mkdtemp(prefix="demo-", dir=base_dir()))
     with HFServer(host=hosts_json["gateway"]) as hf:
-        hf.publish(hosts_json["tiny_gguf"]["hf_repo"],
-                   {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
-                   commit=TINY_COMMIT)  # fmt: skip
+        hf.publish(
+            hosts_json["tiny_gguf"]["hf_repo"],
+            {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
+            commit=TINY_COMMIT,
+        )
         catalog = write_catalog(work / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
         inventory = write_inventory(work / "inventory.py", [host])
         print(f"deploying the tiny test recipe to {host.name} ({host.ip}); model server {hf.url}")
-        proc = cli("deploy", "-i", str(inventory), "tiny", "--recipes", str(catalog), "-v",
-                   env={"HF_ENDPOINT": hf.url})  # fmt: skip
+        proc = cli(
+            "deploy",
+            "-i",
+            str(inventory),
+            "tiny",
+            "--recipes",
+            str(catalog),
+            "-v",
+            env={"HF_ENDPOINT": hf.url},
+        )
         sys.stdout.write(proc.stdout)
         sys.stderr.write(proc.stderr)
         if proc.returncode != 0:
             return proc.returncode
     body = json.dumps({"prompt": "Hello", "max_tokens": 16, "temperature": 0})
-    out = ssh_run(host, "curl -fsS http://127.0.0.1:8080/v1/completions "
-                        f"-H 'Content-Type: application/json' -d '{body}'")  # fmt: skip
+    out = ssh_run(
+        host,
+        "curl -fsS http://127.0.0.1:8080/v1/completions "
+        f"-H 'Content-Type: application/json' -d '{body}'",
+    )
     answer = json.loads(str(out.stdout))
     timings = answer.get("timings", {})
     print(f"\ncompletion from {answer['model']} on {host.name}: {answer['choices'][0]['text']!r}")
-    print(f"  {timings.get('predicted_n')} tokens at {timings.get('predicted_per_second', 0):.1f} "
-          "tok/s (random weights: the words mean nothing; the path is what is real)")  # fmt: skip
+    print(
+        f"  {timings.get('predicted_n')} tokens at {timings.get('predicted_per_second', 0):.1f} "
+        "tok/s (random weights: the words mean nothing; the path is what is real)"
+    )
     print("\n" + STAND_INS)
-    print(f"\nthe service keeps running on {host.name}; "
-          "`bash tests/hosts/teardown.sh` stops the test hosts")  # fmt: skip
+    print(
+        f"\nthe service keeps running on {host.name}; "
+        "`bash tests/hosts/teardown.sh` stops the test hosts"
+    )
     return 0
 
 

@@ -26,24 +26,36 @@ def tiny_recipe(hosts_json: Mapping[str, Any], commit: str, **run: Any) -> dict[
         "schema": 1,
         "status": "released",
         "model": {
-            "name": "tiny", "title": "tiny random llama (test model)", "hf_repo": TINY_REPO,
-            "revision": commit, "file": g["hf_file"], "sha256": g["sha256"],
-            "size_bytes": g["size"], "license": "MIT (generated test model)",
+            "name": "tiny",
+            "title": "tiny random llama (test model)",
+            "hf_repo": TINY_REPO,
+            "revision": commit,
+            "file": g["hf_file"],
+            "sha256": g["sha256"],
+            "size_bytes": g["size"],
+            "license": "MIT (generated test model)",
         },
         "card": {
-            "id": "p100", "title": "Tesla P100 16 GB (stand-in)", "compute_capability": "6.0",
-            "min_memory_mib": 16000, "min_driver": "525.60.13",
+            "id": "p100",
+            "title": "Tesla P100 16 GB (stand-in)",
+            "compute_capability": "6.0",
+            "min_memory_mib": 16000,
+            "min_driver": "525.60.13",
         },
         "engine": {
-            "release": "engine-cpu-test", "arch": "cpu", "image": hosts_json["image"]["ref"],
+            "release": "engine-cpu-test",
+            "arch": "cpu",
+            "image": hosts_json["image"]["ref"],
         },
         "run": {
-            "alias": TINY_REPO, "context": 4096, "threads_max": 2,
+            "alias": TINY_REPO,
+            "context": 4096,
+            "threads_max": 2,
             "args": ["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"],
             "env": {"LLAMA_LOG_COLORS": "off"},
         },
         "receipt": {"decode_tps": {"short": 100.0}},
-    }  # fmt: skip
+    }
     data["run"].update(run)
     return data
 
@@ -65,17 +77,28 @@ def write_inventory(
     rows = []
     for h in hosts:
         host_data = {
-            "ssh_hostname": h.ip, "ssh_user": h.user, "ssh_key": str(h.key),
-            "ssh_known_hosts_file": str(h.known_hosts), "ssh_strict_host_key_checking": "yes",
+            "ssh_hostname": h.ip,
+            "ssh_user": h.user,
+            "ssh_key": str(h.key),
+            "ssh_known_hosts_file": str(h.known_hosts),
+            "ssh_strict_host_key_checking": "yes",
             **(data or {}).get(h.name, {}),
-        }  # fmt: skip
+        }
         rows.append((h.name, host_data))
     if unreachable:
         first = hosts[0]
-        rows.append(("ghost", {
-            "ssh_hostname": UNREACHABLE_IP, "ssh_user": "root", "ssh_key": str(first.key),
-            "ssh_known_hosts_file": str(first.known_hosts), "ssh_connect_timeout": 3,
-        }))  # fmt: skip
+        rows.append(
+            (
+                "ghost",
+                {
+                    "ssh_hostname": UNREACHABLE_IP,
+                    "ssh_user": "root",
+                    "ssh_key": str(first.key),
+                    "ssh_known_hosts_file": str(first.known_hosts),
+                    "ssh_connect_timeout": 3,
+                },
+            )
+        )
     path.write_text(f"hosts = {rows!r}\n", encoding="utf-8")
     return path
 
@@ -87,5 +110,8 @@ def cli(
     full_env = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "tensorless_deploy", *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )

@@ -230,15 +230,19 @@ def profile_device_nodes(name: str) -> list[tuple[str, int, int]]:
     if not meta.get("nvidia_smi") or not gpus or meta.get("nvidia_smi_exit"):
         return []
     nodes = [(f"/dev/nvidia{i}", 195, i) for i in range(len(gpus))]
-    return [*nodes, ("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", UVM_MAJOR, 0),
-            ("/dev/nvidia-uvm-tools", UVM_MAJOR, 1)]  # fmt: skip
+    return [
+        *nodes,
+        ("/dev/nvidiactl", 195, 255),
+        ("/dev/nvidia-uvm", UVM_MAJOR, 0),
+        ("/dev/nvidia-uvm-tools", UVM_MAJOR, 1),
+    ]
 
 
 def _nodes_script(nodes: list[tuple[str, int, int]]) -> str:
     """Remove the previous profile's device nodes and /dev/char links, then make these. The
     nodes only need to exist (doctor's facts); containers get /dev/zero through the CDI spec."""
     lines = [
-        f"if [ -f {NODES_FILE} ]; then while IFS= read -r f; do rm -f -- \"$f\"; done "
+        f'if [ -f {NODES_FILE} ]; then while IFS= read -r f; do rm -f -- "$f"; done '
         f"< {NODES_FILE}; fi",
         f": > {NODES_FILE}",
         "mkdir -p /dev/char",

@@ -63,8 +63,15 @@ RESET_DIRS = (
     "/srv",
     "/opt",
 )
-QUADLET_SUFFIX = {".container": "", ".pod": "-pod", ".network": "-network", ".volume": "-volume",
-                  ".kube": "", ".image": "-image", ".build": "-build"}  # fmt: skip
+QUADLET_SUFFIX = {
+    ".container": "",
+    ".pod": "-pod",
+    ".network": "-network",
+    ".volume": "-volume",
+    ".kube": "",
+    ".image": "-image",
+    ".build": "-build",
+}
 
 
 @dataclass(frozen=True)
@@ -104,10 +111,15 @@ class SshRunner:
         """Copy a local file to ``remote`` on the host (parent dirs created)."""
         with local.open("rb") as f:
             proc = subprocess.run(
-                [*_ssh_argv(self.host(ref)),
-                 f"mkdir -p \"$(dirname '{remote}')\" && cat > '{remote}'"],
-                stdin=f, capture_output=True, timeout=timeout, check=False,
-            )  # fmt: skip
+                [
+                    *_ssh_argv(self.host(ref)),
+                    f"mkdir -p \"$(dirname '{remote}')\" && cat > '{remote}'",
+                ],
+                stdin=f,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
         if proc.returncode != 0:
             raise RuntimeError(f"copy {local} -> {ref}:{remote} failed: {proc.stderr!r}")
 
@@ -165,8 +177,14 @@ def testinfra_hosts(test_hosts: dict[str, Host]) -> Iterator[dict[str, Any]]:
         client = paramiko.SSHClient()
         client.load_host_keys(h.known_hosts)
         client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(h.ip, username=h.user, key_filename=h.key, timeout=10,
-                       allow_agent=False, look_for_keys=False)  # fmt: skip
+        client.connect(
+            h.ip,
+            username=h.user,
+            key_filename=h.key,
+            timeout=10,
+            allow_agent=False,
+            look_for_keys=False,
+        )
         th.backend.__dict__["client"] = client  # testinfra's cached_property
         clients.append(client)
         out[name] = th

@@ -1,0 +1,569 @@
+"""Layer 3: pure verdicts from (recipe, host facts, operator options). doctor, plan, deploy and
+run all ask here, so they can never disagree about a host."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tensorless_deploy.facts.values import Gpu, HostFacts
+from tensorless_deploy.recipe.schema import Recipe
+
+Status = Literal["ok", "warn", "fail"]
+Action = Literal["run", "dry_run"]
+EngineName = Literal["podman", "docker"]
+EngineChoice = Literal["auto", "podman", "docker"]
+
+# Disk: the model file plus room for its partial download's filesystem overhead and logs.
+DISK_MARGIN_BYTES = 1 << 30
+DRIVER_INSTALL_HINT = (
+    "install NVIDIA driver {need} or newer (Ubuntu: sudo ubuntu-drivers install; Debian: "
+    "sudo apt install nvidia-driver), then reboot"
+)
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """'525.60.13' -> (525, 60, 13); anything that is not digits and dots sorts lowest."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", text):
+        return ()
+    return tuple(int(p) for p in text.split("."))
+
+
+def driver_at_least(have: str | None, need: str) -> bool:
+    return have is not None and version_tuple(have) >= version_tuple(need)
+
+
+def gpu_fits_card(gpu: Gpu, recipe: Recipe) -> bool:
+    """Seed 000: compute capability equal, memory at least the minimum."""
+    return (
+        gpu.compute_cap == recipe.card.compute_capability
+        and gpu.memory_total_mib is not None
+        and gpu.memory_total_mib >= recipe.card.min_memory_mib
+    )
+
+
+def describe_gpu(gpu: Gpu) -> str:
+    mem = "? MiB" if gpu.memory_total_mib is None else f"{gpu.memory_total_mib} MiB"
+    return f"GPU {gpu.index} {gpu.name} (compute {gpu.compute_cap or '?'}, {mem})"
+
+
+@dataclass(frozen=True)
+class GpuMatch:
+    """A host's GPUs sorted against one recipe's card."""
+
+    usable: tuple[Gpu, ...]  # match the card, driver new enough: the container gets these
+    old_driver: tuple[Gpu, ...]  # match the card, driver older than min_driver
+    other: tuple[Gpu, ...]  # do not match the card
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(g.uuid for g in self.usable if g.uuid is not None)
+
+
+def match_gpus(recipe: Recipe, gpus: Sequence[Gpu]) -> GpuMatch:
+    fits = [g for g in gpus if gpu_fits_card(g, recipe)]
+    usable = tuple(g for g in fits if driver_at_least(g.driver_version, recipe.card.min_driver))
+    old = tuple(g for g in fits if g not in usable)
+    return GpuMatch(usable, old, tuple(g for g in gpus if g not in fits))
+
+
+def state_refusal(recipe: Recipe, action: Action, allow_draft: bool) -> str | None:
+    """Why the seed's state table refuses ACTION for this recipe, or None when allowed."""
+    if recipe.unpublished and action == "run":
+        return (
+            f"{recipe.model.hf_repo} on {recipe.card.id} is not published (placeholder "
+            "revision, sha256, image digest or size); it cannot be pulled or run, even with "
+            "--allow-draft"
+        )
+    if recipe.status == "draft" and not allow_draft:
+        return (
+            f"{recipe.model.hf_repo} on {recipe.card.id} is a draft recipe (not yet measured by "
+            "the release gate); pass --allow-draft to use it anyway"
+        )
+    return None
+
+
+def threads_for(recipe: Recipe, cpus: int | None) -> int:
+    """-t, -tb and OMP_NUM_THREADS: the smaller of threads_max and the host's CPUs."""
+    return recipe.run.threads_max if cpus is None else max(1, min(recipe.run.threads_max, cpus))
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Whether a run is what was measured; port and bind address never change that."""
+
+    tuned: bool
+    reasons: tuple[str, ...]
+
+
+def tuning(recipe: Recipe, context: int | None, extra_args: Sequence[str]) -> Tuning:
+    reasons = []
+    if context is not None and context != recipe.run.context:
+        reasons.append(f"context {context} instead of the measured {recipe.run.context}")
+    if extra_args:
+        reasons.append("extra llama-server args: " + " ".join(extra_args))
+    return Tuning(not reasons, tuple(reasons))
+
+
+def pick_engine(facts: HostFacts, choice: EngineChoice) -> EngineName | None:
+    """podman when present (quadlet, CDI), else docker; an explicit choice must be present."""
+    if facts.engines is None:
+        return None
+    have_podman = facts.engines.podman.present
+    have_docker = facts.engines.docker.present and not facts.engines.docker.podman_shim
+    if choice == "podman":
+        return "podman" if have_podman else None
+    if choice == "docker":
+        return "docker" if have_docker else None
+    return "podman" if have_podman else ("docker" if have_docker else None)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor row: a stable id, ok / warn / fail, what was seen, and the command that fixes
+    it (None when nothing needs fixing or no single command can)."""
+
+    id: str
+    status: Status
+    evidence: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the operator chose for a host (inventory data, then flags)."""
+
+    port: int = 8080
+    bind: str = "127.0.0.1"
+    models_dir: str = "/var/lib/tensorless/models"
+    engine: EngineChoice = "auto"
+    allow_draft: bool = False
+    local: bool = False  # this machine: `run` needs no systemd
+
+
+@dataclass(frozen=True)
+class Existing:
+    """What tensorless-deploy already put on the host for this recipe."""
+
+    unit_present: bool = False  # its own unit: the port it holds is not "taken"
+    model_present: bool = False  # the model file is there: no disk space needed
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Every check for one host (and one recipe, or none), in a fixed order."""
+
+    checks: tuple[Check, ...]
+    match: GpuMatch | None = None
+    engine: EngineName | None = None
+    servable: tuple[str, ...] = field(default_factory=tuple)  # recipe paths, without MODEL
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if c.status == "fail")
+
+
+def _driver_check(facts: HostFacts) -> Check:
+    g = facts.gpus
+    if g.state == "ok":
+        names = ", ".join(sorted({gpu.name for gpu in g.gpus}))
+        return Check(
+            "driver.present", "ok", f"driver {g.driver_version}, {len(g.gpus)} GPU(s): {names}"
+        )
+    if g.state == "absent":
+        return Check(
+            "driver.present",
+            "fail",
+            "nvidia-smi not found: no NVIDIA driver installed",
+            "install the NVIDIA driver (Ubuntu: sudo ubuntu-drivers install; Debian: sudo apt "
+            "install nvidia-driver), then reboot",
+        )
+    if g.state == "no_driver":
+        return Check(
+            "driver.loaded",
+            "fail",
+            f"nvidia-smi exit {g.exit_code}: couldn't communicate with the NVIDIA driver",
+            "sudo modprobe nvidia (if that fails: reinstall the driver for the running kernel "
+            "and reboot)",
+        )
+    if g.state == "driver_mismatch":
+        return Check(
+            "driver.loaded", "fail", f"driver/library version mismatch: {g.message}", "sudo reboot"
+        )
+    if g.state == "no_devices":
+        return Check(
+            "driver.present",
+            "fail",
+            "the driver is loaded but sees no GPU",
+            "check the card with: lspci | grep -i nvidia; dmesg | grep -i nvrm",
+        )
+    return Check(
+        "driver.present",
+        "fail",
+        f"nvidia-smi failed (exit {g.exit_code}): {g.message}",
+        "run nvidia-smi on the host and fix what it reports",
+    )
+
+
+def _card_checks(facts: HostFacts, recipe: Recipe) -> tuple[list[Check], GpuMatch]:
+    match = match_gpus(recipe, facts.gpus.gpus)
+    card = recipe.card
+    want = f"{card.id} (compute {card.compute_capability}, >= {card.min_memory_mib} MiB)"
+    checks = []
+    fits = match.usable + match.old_driver
+    if fits:
+        listed = "; ".join(f"{describe_gpu(g)} {g.uuid}" for g in fits)
+        checks.append(Check("card.match", "ok", f"{len(fits)} GPU(s) match {want}: {listed}"))
+    else:
+        have = "; ".join(describe_gpu(g) for g in match.other) or "no GPUs"
+        checks.append(
+            Check(
+                "card.match",
+                "fail",
+                f"no GPU matches {want}; this host has {have}",
+                "pick a recipe for a card this host has: tensorless-deploy doctor (no MODEL) "
+                "lists them",
+            )
+        )
+    if match.old_driver and not match.usable:
+        old = match.old_driver[0].driver_version
+        checks.append(
+            Check(
+                "driver.version",
+                "fail",
+                f"driver {old} is older than {card.min_driver}, the oldest this recipe runs on",
+                DRIVER_INSTALL_HINT.format(need=card.min_driver),
+            )
+        )
+    elif match.usable:
+        seen = f"driver {match.usable[0].driver_version} >= {card.min_driver}"
+        checks.append(Check("driver.version", "ok", seen))
+    if match.usable and match.other:
+        checks.append(
+            Check(
+                "card.isolation",
+                "ok",
+                f"the container gets only {', '.join(match.uuids)}; not "
+                + "; ".join(describe_gpu(g) for g in match.other),
+            )
+        )
+    return checks, match
+
+
+def _device_checks(facts: HostFacts) -> list[Check]:
+    d = facts.devices
+    if d is None or facts.gpus.state != "ok":
+        return []
+    checks = []
+    if d.uvm_present:
+        checks.append(Check("gpu.uvm", "ok", "/dev/nvidia-uvm present"))
+    else:
+        checks.append(
+            Check(
+                "gpu.uvm",
+                "fail",
+                "/dev/nvidia-uvm missing: CUDA would fail or fall back silently",
+                "sudo nvidia-modprobe -u -c=0",
+            )
+        )
+    missing = d.missing_char_links
+    if missing:
+        checks.append(
+            Check(
+                "gpu.char_links",
+                "warn",
+                "no /dev/char links for "
+                + ", ".join(missing)
+                + ": systemctl daemon-reload can cut running containers off their GPU",
+                "sudo nvidia-ctk system create-dev-char-symlinks --create-all",
+            )
+        )
+    else:
+        checks.append(Check("gpu.char_links", "ok", "/dev/char links present for NVIDIA devices"))
+    return checks
+
+
+def _engine_checks(facts: HostFacts, options: Options) -> tuple[list[Check], EngineName | None]:
+    e = facts.engines
+    if e is None:
+        return [Check("engine.present", "fail", "could not read the container engines", None)], None
+    engine = pick_engine(facts, options.engine)
+    if engine is None:
+        want = "podman or docker" if options.engine == "auto" else options.engine
+        return [
+            Check(
+                "engine.present",
+                "fail",
+                f"no container engine ({want}) found",
+                "sudo apt install podman",
+            )
+        ], None
+    checks = []
+    if engine == "podman":
+        checks.append(Check("engine.present", "ok", f"podman {e.podman.version_text}".strip()))
+        if e.podman.quadlet_supported:
+            seen = f"quadlet at {e.podman.quadlet_path}: units are .container files"
+            checks.append(Check("engine.quadlet", "ok", seen))
+        else:
+            checks.append(
+                Check(
+                    "engine.quadlet",
+                    "warn",
+                    f"podman {e.podman.version_text} has no quadlet (needs 4.4+): a plain "
+                    "systemd .service running podman is used instead",
+                    "upgrade podman to 4.4 or newer (Debian 13, Ubuntu 24.04) for quadlet units",
+                )
+            )
+    else:
+        checks.append(Check("engine.present", "ok", f"docker {e.docker.version_text}".strip()))
+    return checks, engine
+
+
+def _toolkit_checks(
+    facts: HostFacts, engine: EngineName | None, uuids: Sequence[str]
+) -> list[Check]:
+    t = facts.toolkit
+    checks = []
+    if t is None or not t.present:
+        checks.append(
+            Check(
+                "toolkit.present",
+                "fail",
+                "nvidia-ctk not found: no NVIDIA Container Toolkit",
+                "install nvidia-container-toolkit from NVIDIA's repository "
+                "(https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/"
+                "install-guide.html), e.g. sudo apt install nvidia-container-toolkit",
+            )
+        )
+        return checks
+    checks.append(Check("toolkit.present", "ok", t.version_text))
+    if engine == "docker":
+        d = facts.engines.docker if facts.engines else None
+        if d is not None and d.nvidia_runtime is False:
+            checks.append(
+                Check(
+                    "toolkit.docker_runtime",
+                    "fail",
+                    "docker has no nvidia runtime registered",
+                    "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart "
+                    "docker",
+                )
+            )
+        elif d is not None and d.nvidia_runtime:
+            checks.append(Check("toolkit.docker_runtime", "ok", "docker nvidia runtime registered"))
+        return checks
+    cdi = facts.cdi
+    regen = "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+    if cdi is None:
+        return checks
+    gpu_specs = [s for s in cdi.specs if s.kind == "nvidia.com/gpu"]
+    if not gpu_specs:
+        checks.append(
+            Check(
+                "toolkit.cdi",
+                "fail",
+                "no CDI spec for nvidia.com/gpu in /etc/cdi or /var/run/cdi",
+                regen,
+            )
+        )
+        return checks
+    dup = cdi.duplicate_kinds.get("nvidia.com/gpu")
+    if dup:
+        keep = next((p for p in dup if p.startswith("/var/run/cdi")), dup[0])
+        drop = [p for p in dup if p != keep]
+        checks.append(
+            Check(
+                "toolkit.cdi",
+                "fail",
+                f"{len(dup)} CDI specs declare nvidia.com/gpu: {', '.join(dup)}; podman refuses "
+                "conflicting devices",
+                "sudo rm " + " ".join(drop) + f"  (keep {keep})",
+            )
+        )
+        return checks
+    if cdi.stale:
+        checks.append(
+            Check(
+                "toolkit.cdi",
+                "fail",
+                f"CDI spec {', '.join(cdi.stale)} was generated for another driver than "
+                f"{cdi.driver_version}",
+                regen,
+            )
+        )
+        return checks
+    missing = [u for u in uuids if u not in cdi.addressable_uuids]
+    if missing:
+        seen = f"CDI spec lists no device for {', '.join(missing)}"
+        checks.append(Check("toolkit.cdi", "fail", seen, regen))
+        return checks
+    checks.append(
+        Check(
+            "toolkit.cdi",
+            "ok",
+            f"{gpu_specs[0].path}: nvidia.com/gpu devices for {', '.join(uuids) or 'every GPU'}",
+        )
+    )
+    return checks
+
+
+def _selinux_check(facts: HostFacts) -> list[Check]:
+    s = facts.selinux
+    if s is None or s.mode != "enforcing":
+        return []
+    if s.container_use_devices:
+        return [Check("selinux.devices", "ok", "container_use_devices is on")]
+    return [
+        Check(
+            "selinux.devices",
+            "fail",
+            "SELinux is enforcing and container_use_devices is off: containers cannot open the GPU",
+            "sudo setsebool -P container_use_devices=true",
+        )
+    ]
+
+
+def _systemd_check(facts: HostFacts, options: Options) -> list[Check]:
+    if facts.init is None:
+        return []
+    if facts.init.systemd:
+        return [Check("systemd.pid1", "ok", "systemd is PID 1")]
+    status: Status = "warn" if options.local else "fail"
+    return [
+        Check(
+            "systemd.pid1",
+            status,
+            f"PID 1 is {facts.init.pid1 or 'unknown'}, not systemd: no always-on unit "
+            "(deploy, serve) here",
+            "use tensorless-deploy run (foreground) on this machine, or a host booted with systemd",
+        )
+    ]
+
+
+def _disk_check(facts: HostFacts, recipe: Recipe, existing: Existing) -> list[Check]:
+    d = facts.disk
+    if existing.model_present:
+        return [Check("disk.model", "ok", "the model file is already on the host")]
+    if d is None:
+        return []
+    need = recipe.model.size_bytes + DISK_MARGIN_BYTES
+    gib = 1 << 30
+    seen = f"{d.available_bytes / gib:.1f} GiB free on {d.mount_point} ({d.checked_path})"
+    if d.available_bytes >= need:
+        return [Check("disk.model", "ok", seen)]
+    return [
+        Check(
+            "disk.model",
+            "fail",
+            f"{seen}; the model needs {recipe.model.size_bytes / gib:.1f} GiB plus 1 GiB",
+            f"free {(need - d.available_bytes) / gib:.1f} GiB on {d.mount_point}, or point the "
+            "host's tensorless_models_dir at a larger filesystem",
+        )
+    ]
+
+
+def _port_check(facts: HostFacts, options: Options, existing: Existing) -> list[Check]:
+    taken = facts.port_taken(options.port, options.bind)
+    if taken is None:
+        return []
+    where = f"{options.bind}:{options.port}"
+    if not taken:
+        return [Check("port.free", "ok", f"{where} is free")]
+    if existing.unit_present:
+        return [Check("port.free", "ok", f"{where} is held by this recipe's own unit")]
+    by = ", ".join(f"{t.address}:{t.port}" for t in taken)
+    return [
+        Check(
+            "port.free",
+            "fail",
+            f"{where} is taken (listening: {by})",
+            f"stop what listens there (sudo ss -ltnp 'sport = :{options.port}'), or set another "
+            "port for this host (tensorless_port = N in the inventory, or --port N)",
+        )
+    ]
+
+
+def host_verdict(
+    facts: HostFacts,
+    recipe: Recipe | None,
+    options: Options,
+    catalog: Sequence[tuple[str, Recipe]] = (),
+    existing: Existing = Existing(),
+) -> Verdict:
+    """Every check, in order. Without a recipe: readiness, and which catalog recipes fit."""
+    checks: list[Check] = [Check(p.split(":", 1)[0] + ".read", "warn", p) for p in facts.problems]
+    checks += _systemd_check(facts, options)
+    match = None
+    if recipe is not None:
+        refusal = state_refusal(recipe, "run", options.allow_draft)
+        checks.append(
+            Check(
+                "recipe.state",
+                "fail" if refusal else "ok",
+                refusal or f"{recipe.state} recipe",
+                None,
+            )
+        )
+    checks.append(_driver_check(facts))
+    if recipe is not None and facts.gpus.state == "ok":
+        card_checks, match = _card_checks(facts, recipe)
+        checks += card_checks
+    checks += _device_checks(facts)
+    engine_checks, engine = _engine_checks(facts, options)
+    checks += engine_checks
+    if facts.gpus.state == "ok":
+        uuids = (
+            match.uuids if match is not None else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)
+        )
+        checks += _toolkit_checks(facts, engine, uuids)
+    checks += _selinux_check(facts)
+    if recipe is not None:
+        checks += _disk_check(facts, recipe, existing)
+    checks += _port_check(facts, options, existing)
+    if facts.cpus is not None:
+        checks.append(Check("cpu.count", "ok", f"{facts.cpus} CPUs"))
+    servable: tuple[str, ...] = ()
+    if recipe is None:
+        servable = tuple(
+            path
+            for path, r in catalog
+            if facts.gpus.state == "ok" and match_gpus(r, facts.gpus.gpus).usable
+        )
+    return Verdict(tuple(checks), match, engine, servable)
+
+
+def choose_recipe(recipes: Sequence[Recipe], facts: HostFacts) -> Recipe | None:
+    """The model's recipe for a card this host has (driver not considered: that is a check of
+    its own, with the driver to install)."""
+    for recipe in recipes:
+        if any(gpu_fits_card(g, recipe) for g in facts.gpus.gpus):
+            return recipe
+    return None
+
+
+def no_card_verdict(
+    model: str, recipes: Sequence[Recipe], facts: HostFacts, options: Options
+) -> Verdict:
+    """A host none of whose GPUs fits any card the model has a recipe for."""
+    base = host_verdict(facts, None, options)
+    cards = "; ".join(
+        f"{r.card.id} (compute {r.card.compute_capability}, >= {r.card.min_memory_mib} MiB)"
+        for r in recipes
+    )
+    have = "; ".join(describe_gpu(g) for g in facts.gpus.gpus) or "no GPUs"
+    check = Check(
+        "card.match",
+        "fail",
+        f"no recipe of {model} for this host's GPUs: it has {have}; "
+        f"{model} has recipes for {cards}",
+        "pick a model with a recipe for this card: tensorless-deploy doctor (no MODEL) lists them",
+    )
+    checks = list(base.checks)
+    at = next((i for i, c in enumerate(checks) if c.id.startswith("driver.")), len(checks) - 1)
+    checks.insert(at + 1, check)
+    return Verdict(tuple(checks), None, base.engine)

@@ -1,0 +1,566 @@
+"""Placement preview (pure): recipes, host facts and GGUF headers in; per host and GPU, whether a
+model can be placed there, the largest context that fits, and why not.
+
+The ideas and names come from seed 002's PlacementPreview (max_context_tokens,
+default_context_tokens, kv_bytes_per_token, memory_delta_by_node, error, error_code,
+alternative, card_digest), brought to an SSH inventory of single-card llama-server hosts:
+
+- A recipe places on ONE GPU whose card it matches (decisions.gpu_fits_card); a host with several
+  matching GPUs gets one row per GPU.
+- Memory needed is kv.estimate_memory at the context (weights = the GGUF's size, KV exactly as
+  llama-server allocates it for the recipe's -ctk/-ctv/-fa/-np/-ub, a compute buffer estimate, a
+  fixed runtime overhead); what may be filled is kv.usable_bytes (free memory less the card
+  headroom). MARGIN below says it in words.
+- Refusals carry a stable code: ``no_valid_placement`` (no card match, a draft or unpublished
+  recipe, does not fit), ``placement_info_pending`` (host facts or the GGUF header not readable
+  yet), ``model_card_identity_mismatch`` (the header contradicts the recipe).
+- The best placement of a model is the passing host/GPU with the largest max context, ties by
+  most free memory, then host name and GPU index; the other passing ones are ``alternative``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gguf.constants import Keys
+
+from tensorless_deploy.decisions.checks import (
+    describe_gpu,
+    driver_at_least,
+    gpu_fits_card,
+    state_refusal,
+)
+from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.facts.values import Gpu, HostFacts
+from tensorless_deploy.gguf import kv
+from tensorless_deploy.gguf.header import GGUFHeader
+from tensorless_deploy.recipe.catalog import Entry, recipe_digest
+from tensorless_deploy.recipe.schema import Recipe
+
+ErrorCode = Literal["no_valid_placement", "placement_info_pending", "model_card_identity_mismatch"]
+NO_VALID_PLACEMENT: ErrorCode = "no_valid_placement"
+INFO_PENDING: ErrorCode = "placement_info_pending"
+IDENTITY_MISMATCH: ErrorCode = "model_card_identity_mismatch"
+MiB = kv.MiB
+
+MARGIN = (
+    "need = GGUF file size (no fudge factor) + the KV cache exactly as llama-server allocates it "
+    f"+ compute buffer (n_ubatch x widest activation x 4 B x {kv.COMPUTE_SLACK} + "
+    f"{kv.COMPUTE_BASE_BYTES // MiB} MiB) + {kv.RUNTIME_OVERHEAD_BYTES // MiB} MiB runtime "
+    "(CUDA context, cuBLAS, pools); it must fit in usable = free - headroom, where free = "
+    "memory.total - memory.used (nvidia-smi) and headroom = max("
+    f"{kv.CARD_HEADROOM_MIN_BYTES // MiB} MiB, {kv.CARD_HEADROOM_FRACTION:.0%} of total)"
+)
+
+HeaderKey = tuple[str, str, str]  # (repo, revision, file)
+
+
+def header_key(recipe: Recipe) -> HeaderKey:
+    m = recipe.model
+    return (m.hf_repo, m.revision, m.file)
+
+
+def _split_mode_none(args: Sequence[str]) -> bool:
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name in ("-sm", "--split-mode"):
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value == "none":
+                return True
+    return False
+
+
+@dataclass(frozen=True)
+class PlanHost:
+    """One host as the planner sees it: its facts, or why there are none yet."""
+
+    name: str
+    facts: HostFacts | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class HeaderResult:
+    """The GGUF header of one (repo, revision, file), or why it could not be read."""
+
+    header: GGUFHeader | None
+    error: str | None = None
+    cached: bool = False
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    context: int | None = None  # --context N: does N fit (untuned when it differs)
+    allow_draft: bool = False
+
+
+@dataclass(frozen=True)
+class CardMemory:
+    """One GPU's memory as the planner counts it, in bytes."""
+
+    total: int
+    used: int
+    used_known: bool
+    headroom: int
+    usable: int
+
+    @property
+    def free(self) -> int:
+        return max(0, self.total - self.used)
+
+
+def card_memory(gpu: Gpu) -> CardMemory | None:
+    if gpu.memory_total_mib is None:
+        return None
+    total = gpu.memory_total_mib * MiB
+    used = (gpu.memory_used_mib or 0) * MiB
+    free = max(0, total - used)
+    return CardMemory(
+        total=total,
+        used=used,
+        used_known=gpu.memory_used_mib is not None,
+        headroom=max(kv.CARD_HEADROOM_MIN_BYTES, int(total * kv.CARD_HEADROOM_FRACTION)),
+        usable=kv.usable_bytes(free, total),
+    )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One row of the preview: a model on one host (and GPU, when one matched its card)."""
+
+    model: str
+    host: str
+    recipe_path: str | None = None
+    card: str | None = None
+    gpu: Gpu | None = None
+    card_digest: str | None = None
+    error_code: ErrorCode | None = None
+    error: str | None = None
+    max_context_tokens: int | None = None
+    default_context_tokens: int | None = None  # the context asked for: recipe's or --context
+    context_fits: bool | None = None
+    tuned: bool = True
+    kv_bytes_per_token: int | None = None
+    memory: kv.MemoryEstimate | None = None  # need at default_context_tokens
+    card_memory: CardMemory | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error_code is None
+
+    @property
+    def need_bytes(self) -> int | None:
+        return None if self.memory is None else self.memory.total_bytes
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Every row of one model; ``best`` is the ranked pick, the other passing rows are
+    alternatives (seed 002: a host that passes admission but lost the ranking)."""
+
+    model: str
+    placements: tuple[Placement, ...]
+    best: Placement | None = None
+    headers: Mapping[HeaderKey, HeaderResult] = field(default_factory=dict)
+
+    def alternative(self, p: Placement) -> bool:
+        return p.ok and p is not self.best
+
+    @property
+    def placed(self) -> bool:
+        return self.best is not None
+
+
+class _Sizing:
+    """One recipe's KV geometry and settings, with the memory need per context memoized
+    (a fleet of identical cards asks the same few contexts again and again)."""
+
+    def __init__(self, recipe: Recipe, header: GGUFHeader) -> None:
+        self.recipe = recipe
+        self.geom = kv.geometry(header)
+        self.settings = kv.parse_server_args(recipe.run.args)
+        self.kv_bytes_per_token = kv.kv_bytes_per_token(self.geom, self.settings)
+        self.weights = recipe.model.size_bytes
+        self._need: dict[int, kv.MemoryEstimate] = {}
+        self._max: dict[int, int] = {}
+
+    def need(self, n_ctx: int) -> kv.MemoryEstimate:
+        est = self._need.get(n_ctx)
+        if est is None:
+            est = kv.estimate_memory(self.geom, self.settings, n_ctx, self.weights)
+            self._need[n_ctx] = est
+        return est
+
+    def max_context(self, usable: int) -> int:
+        """kv.max_context, searching over the memoized needs (same steps, same answer)."""
+        hit = self._max.get(usable)
+        if hit is not None:
+            return hit
+        cap = self.geom.context_length
+
+        def fits(c: int) -> bool:
+            return self.need(c).total_bytes <= usable
+
+        if fits(cap):
+            best = cap
+        else:
+            hi = (cap - 1) // kv.CTX_PAD
+            if hi == 0 or not fits(kv.CTX_PAD):
+                best = 0
+            else:
+                lo = 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if fits(mid * kv.CTX_PAD):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                best = lo * kv.CTX_PAD
+        self._max[usable] = best
+        return best
+
+
+def identity_problem(recipe: Recipe, header: GGUFHeader) -> str | None:
+    """Why this header cannot be the recipe's file, or None."""
+    m = recipe.model
+    what = f"{m.hf_repo}@{m.revision[:12]} {m.file}"
+    if header.file_size is not None and header.file_size != m.size_bytes:
+        return (
+            f"{what}: the server says the file is {header.file_size} bytes, the recipe says "
+            f"size_bytes = {m.size_bytes}"
+        )
+    arch = header.metadata.get(Keys.General.ARCHITECTURE)
+    if not isinstance(arch, str) or not arch:
+        return f"{what}: the GGUF header has no {Keys.General.ARCHITECTURE}"
+    for template in (Keys.LLM.CONTEXT_LENGTH, Keys.LLM.BLOCK_COUNT, Keys.LLM.EMBEDDING_LENGTH):
+        key = template.format(arch=arch)
+        value = header.metadata.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            return f"{what}: the GGUF header has no usable {key} (architecture {arch})"
+    return None
+
+
+def _gpu_text(gpu: Gpu) -> str:
+    return describe_gpu(gpu)
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / kv.GiB:.2f} GiB" if n >= kv.GiB else f"{n / MiB:.1f} MiB"
+
+
+class _Recipes:
+    """Per-recipe values every row reuses: digest, sizing, card-match and driver verdicts."""
+
+    def __init__(
+        self,
+        entries: Sequence[Entry],
+        headers: Mapping[HeaderKey, HeaderResult],
+        options: PlanOptions,
+    ) -> None:
+        self.entries = entries
+        self.options = options
+        self.sizing = {e.path: _size_recipe(e, headers) for e in entries}
+        self.digest = {e.path: recipe_digest(e.recipe) for e in entries}
+        self.refusal = {
+            e.path: state_refusal(e.recipe, "run", options.allow_draft) for e in entries
+        }
+        self.split_none = {e.path: _split_mode_none(e.recipe.run.args) for e in entries}
+        self._driver: dict[tuple[str | None, str], bool] = {}
+
+    def driver_ok(self, have: str | None, need: str) -> bool:
+        key = (have, need)
+        ok = self._driver.get(key)
+        if ok is None:
+            ok = self._driver[key] = driver_at_least(have, need)
+        return ok
+
+
+def _host_rows(model: str, host: PlanHost, rc: _Recipes) -> list[Placement]:
+    if host.facts is None:
+        why = host.error or "no facts"
+        return [
+            Placement(
+                model=model,
+                host=host.name,
+                error_code=INFO_PENDING,
+                error=f"host facts not readable: {why}",
+            )
+        ]
+    report = host.facts.gpus
+    if report.state != "ok":
+        detail = report.message or f"nvidia-smi state {report.state}"
+        return [
+            Placement(
+                model=model,
+                host=host.name,
+                error_code=NO_VALID_PLACEMENT,
+                error=f"no usable GPU ({report.state}): {detail}",
+            )
+        ]
+    rows: list[Placement] = []
+    for entry in rc.entries:
+        fits = sorted(
+            (g for g in report.gpus if gpu_fits_card(g, entry.recipe)), key=lambda g: g.index
+        )
+        for gpu in fits:
+            rows.append(_gpu_row(model, host.name, entry, gpu, len(fits), rc))
+    if not rows:
+        cards = "; ".join(
+            f"{e.recipe.card.id} (compute {e.recipe.card.compute_capability}, >= "
+            f"{e.recipe.card.min_memory_mib} MiB)"
+            for e in rc.entries
+        )
+        have = "; ".join(_gpu_text(g) for g in report.gpus) or "no GPUs"
+        rows.append(
+            Placement(
+                model=model,
+                host=host.name,
+                error_code=NO_VALID_PLACEMENT,
+                error=f"no GPU matches a card of {model}: {cards}; this host has {have}",
+            )
+        )
+    return rows
+
+
+def _gpu_row(
+    model: str, host: str, entry: Entry, gpu: Gpu, n_matching: int, rc: _Recipes
+) -> Placement:
+    recipe = entry.recipe
+    options = rc.options
+    context = options.context if options.context is not None else recipe.run.context
+    tuned = options.context is None or options.context == recipe.run.context
+    notes: list[str] = []
+    if not tuned:
+        notes.append(f"untuned: context {context} instead of the measured {recipe.run.context}")
+    if n_matching > 1 and not rc.split_none[entry.path]:
+        notes.append(
+            f"{n_matching} GPUs match; without -sm none llama.cpp would split layers across "
+            "all it sees: planned per card (one card is enough)"
+        )
+    mem = card_memory(gpu)
+    row: dict[str, Any] = dict(
+        model=model,
+        host=host,
+        recipe_path=entry.path,
+        card=recipe.card.id,
+        gpu=gpu,
+        card_digest=rc.digest[entry.path],
+        default_context_tokens=context,
+        tuned=tuned,
+        card_memory=mem,
+    )
+
+    def refuse(code: ErrorCode, why: str | None) -> Placement:
+        return Placement(**row, error_code=code, error=why, notes=tuple(notes))
+
+    refusal = rc.refusal[entry.path]
+    if refusal is not None:
+        return refuse(NO_VALID_PLACEMENT, refusal)
+    if not rc.driver_ok(gpu.driver_version, recipe.card.min_driver):
+        return refuse(
+            NO_VALID_PLACEMENT,
+            f"driver {gpu.driver_version or '?'} is older than "
+            f"{recipe.card.min_driver}, the oldest this recipe runs on",
+        )
+    sized = rc.sizing[entry.path]
+    if isinstance(sized, Placement):  # header missing, mismatched, or not sizable
+        assert sized.error_code is not None
+        return refuse(sized.error_code, sized.error)
+    if mem is None:
+        return refuse(INFO_PENDING, f"{_gpu_text(gpu)}: total memory unknown")
+    if not mem.used_known:
+        notes.append("memory used unknown (inventory data): assumed 0")
+    max_ctx = sized.max_context(mem.usable)
+    row.update(kv_bytes_per_token=sized.kv_bytes_per_token, max_context_tokens=max_ctx)
+    cap = sized.geom.context_length
+    if context > cap:
+        row["context_fits"] = False
+        why = f"context {context} is more than the model's context_length {cap}"
+        return refuse(NO_VALID_PLACEMENT, why)
+    need = sized.need(context)
+    fits = need.total_bytes <= mem.usable
+    row.update(memory=need, context_fits=fits)
+    if fits:
+        return Placement(**row, notes=tuple(notes))
+    if max_ctx == 0:
+        why = (
+            f"does not fit at any context: needs {_fmt_bytes(sized.need(kv.CTX_PAD).total_bytes)}"
+            f" at {kv.CTX_PAD} tokens, {_fmt_bytes(mem.usable)} usable"
+        )
+    else:
+        why = (
+            f"context {context} needs {_fmt_bytes(need.total_bytes)}, {_fmt_bytes(mem.usable)} "
+            f"usable; the largest context that fits is {max_ctx} (--context {max_ctx}, untuned)"
+        )
+    return refuse(NO_VALID_PLACEMENT, why)
+
+
+def _size_recipe(entry: Entry, headers: Mapping[HeaderKey, HeaderResult]) -> _Sizing | Placement:
+    """A recipe's sizing, or a Placement carrying why it cannot be sized (code and reason)."""
+    recipe = entry.recipe
+    key = header_key(recipe)
+    got = headers.get(key)
+    m = recipe.model
+    if got is None or got.header is None:
+        why = got.error if got is not None and got.error else "not read"
+        why = f"GGUF header of {m.hf_repo} {m.file} not readable yet: {why}"
+        return Placement(model=m.hf_repo, host="", error_code=INFO_PENDING, error=why)
+    problem = identity_problem(recipe, got.header)
+    if problem is not None:
+        return Placement(model=m.hf_repo, host="", error_code=IDENTITY_MISMATCH, error=problem)
+    try:
+        return _Sizing(recipe, got.header)
+    except kv.GeometryError as exc:
+        return Placement(
+            model=m.hf_repo,
+            host="",
+            error_code=IDENTITY_MISMATCH,
+            error=f"{entry.path}: {exc.message}",
+        )
+    except TensorlessError as exc:  # KVSettingsError: llama-server would refuse these args
+        return Placement(
+            model=m.hf_repo,
+            host="",
+            error_code=NO_VALID_PLACEMENT,
+            error=f"{entry.path}: {exc.message}",
+        )
+
+
+def _rank_key(p: Placement) -> tuple[int, int, str, int]:
+    free = p.card_memory.free if p.card_memory else 0
+    return (-(p.max_context_tokens or 0), -free, p.host, p.gpu.index if p.gpu else -1)
+
+
+def plan_model(
+    model: str,
+    entries: Sequence[Entry],
+    hosts: Sequence[PlanHost],
+    headers: Mapping[HeaderKey, HeaderResult],
+    options: PlanOptions = PlanOptions(),
+) -> ModelPlan:
+    """The preview of one model (all its cards' recipes) over every host."""
+    rc = _Recipes(entries, headers, options)
+    rows = [r for h in hosts for r in _host_rows(model, h, rc)]
+    best = min((r for r in rows if r.ok), key=_rank_key, default=None)
+    used = {header_key(e.recipe) for e in entries}
+    return ModelPlan(model, tuple(rows), best, {k: v for k, v in headers.items() if k in used})
+
+
+def plan(
+    models: Sequence[tuple[str, Sequence[Entry]]],
+    hosts: Sequence[PlanHost],
+    headers: Mapping[HeaderKey, HeaderResult],
+    options: PlanOptions = PlanOptions(),
+) -> list[ModelPlan]:
+    return [plan_model(name, entries, hosts, headers, options) for name, entries in models]
+
+
+# --- JSON ---------------------------------------------------------------------------------------
+
+
+def _gpu_json(gpu: Gpu | None) -> dict[str, Any] | None:
+    if gpu is None:
+        return None
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "compute_cap": gpu.compute_cap,
+        "memory_total_mib": gpu.memory_total_mib,
+        "memory_used_mib": gpu.memory_used_mib,
+    }
+
+
+def placement_json(p: Placement, alternative: bool = False) -> dict[str, Any]:
+    mem: dict[str, Any] | None = None
+    if p.card_memory is not None or p.memory is not None:
+        cm, need = p.card_memory, p.memory
+        mem = {
+            "need_bytes": need.total_bytes if need else None,
+            "weights_bytes": need.weights_bytes if need else None,
+            "kv_bytes": need.kv_bytes if need else None,
+            "compute_bytes": need.compute_bytes if need else None,
+            "overhead_bytes": need.overhead_bytes if need else None,
+            "n_ctx_cells": need.n_ctx if need else None,
+            "total_bytes": cm.total if cm else None,
+            "used_bytes": cm.used if cm and cm.used_known else None,
+            "free_bytes": cm.free if cm else None,
+            "headroom_bytes": cm.headroom if cm else None,
+            "usable_bytes": cm.usable if cm else None,
+        }
+    delta = {p.host: p.need_bytes} if p.ok and p.need_bytes is not None else {}
+    return {
+        "host": p.host,
+        "gpu": _gpu_json(p.gpu),
+        "recipe": p.recipe_path,
+        "card": p.card,
+        "card_digest": p.card_digest,
+        "ok": p.ok,
+        "alternative": alternative,
+        "max_context_tokens": p.max_context_tokens,
+        "default_context_tokens": p.default_context_tokens,
+        "context_fits": p.context_fits,
+        "tuned": p.tuned,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "memory_delta_by_node": delta,
+        "memory": mem,
+        "error_code": p.error_code,
+        "error": p.error,
+        "notes": list(p.notes),
+    }
+
+
+def _header_json(key: HeaderKey, r: HeaderResult) -> dict[str, Any]:
+    h = r.header
+    return {
+        "repo": key[0],
+        "revision": key[1],
+        "file": key[2],
+        "cached": r.cached,
+        "error": r.error,
+        "bytes_fetched": h.bytes_fetched if h else None,
+        "metadata_bytes": h.metadata_bytes if h else None,
+        "file_size": h.file_size if h else None,
+        "header_sha256": h.sha256 if h else None,
+        "architecture": h.metadata.get(Keys.General.ARCHITECTURE) if h else None,
+    }
+
+
+def plan_json(plans: Sequence[ModelPlan], options: PlanOptions, offline: bool) -> dict[str, Any]:
+    models = []
+    for mp in plans:
+        best = mp.best
+        models.append(
+            {
+                "model": mp.model,
+                "placed": mp.placed,
+                "best": None
+                if best is None
+                else {
+                    "host": best.host,
+                    "gpu_index": best.gpu.index if best.gpu else None,
+                    "recipe": best.recipe_path,
+                    "max_context_tokens": best.max_context_tokens,
+                },
+                "headers": [_header_json(k, v) for k, v in sorted(mp.headers.items())],
+                "placements": [placement_json(p, mp.alternative(p)) for p in mp.placements],
+            }
+        )
+    return {
+        "schema": 1,
+        "offline": offline,
+        "context": options.context,
+        "margin": {
+            "text": MARGIN,
+            "runtime_overhead_bytes": kv.RUNTIME_OVERHEAD_BYTES,
+            "compute_slack": kv.COMPUTE_SLACK,
+            "compute_base_bytes": kv.COMPUTE_BASE_BYTES,
+            "card_headroom_fraction": kv.CARD_HEADROOM_FRACTION,
+            "card_headroom_min_bytes": kv.CARD_HEADROOM_MIN_BYTES,
+        },
+        "ok": all(mp.placed for mp in plans),
+        "models": models,
+    }

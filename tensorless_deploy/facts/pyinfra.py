@@ -1,0 +1,211 @@
+"""pyinfra facts for GPU hosts: survey sections run over SSH, their text handed to the parsers.
+
+Every command is POSIX sh and exits 0 whatever the tools do (their exit codes travel inside the
+output), so pyinfra never marks a host failed because nvidia-smi said "no driver". Output that
+cannot be read at all becomes pyinfra's FactProcessError, which pyinfra reports per host.
+``HostSurvey`` gathers everything doctor and plan need in a single round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Generic, TypeVar
+
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.facts import FactBase
+
+from .errors import FactError
+from .survey import (
+    DEFAULT_CDI_DIRS,
+    DEFAULT_MODELS_DIR,
+    Section,
+    SectionOutput,
+    all_sections,
+    cdi_sections,
+    cpu_sections,
+    device_sections,
+    disk_sections,
+    engine_sections,
+    gpu_sections,
+    host_facts_from_survey,
+    init_sections,
+    port_sections,
+    read_cdi_specs,
+    read_cpus,
+    read_devices,
+    read_disk,
+    read_engines,
+    read_gpus,
+    read_init,
+    read_listeners,
+    read_selinux,
+    read_toolkit,
+    selinux_sections,
+    split_sections,
+    survey_script,
+    toolkit_sections,
+)
+from .values import (
+    CdiSpec,
+    ContainerEngines,
+    ContainerToolkit,
+    DiskSpace,
+    GpuReport,
+    HostFacts,
+    InitSystem,
+    Listener,
+    NvidiaDevices,
+    Selinux,
+)
+
+T = TypeVar("T")
+
+
+def _process(output: Iterable[str], read: Callable[[Iterable[str]], T]) -> T:
+    try:
+        return read(output)
+    except FactError as exc:
+        raise FactProcessError(exc.message) from exc
+
+
+class _SurveyFact(FactBase[T], Generic[T]):
+    """A fact made of survey sections and the reader that turns them into one value."""
+
+    abstract = True
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> T:
+        raise NotImplementedError
+
+    def process(self, output: Iterable[str]) -> T:
+        return _process(output, lambda lines: self._read(split_sections(lines)))
+
+
+def _script(sections: Sequence[Section]) -> str:
+    return survey_script(sections)
+
+
+class NvidiaGpus(_SurveyFact[GpuReport]):
+    """GPUs from NVIDIA_SMI_QUERY, or the state nvidia-smi is in (absent, no driver, ...)."""
+
+    def command(self) -> str:
+        return _script(gpu_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> GpuReport:
+        return read_gpus(sections)
+
+
+class NvidiaDeviceNodes(_SurveyFact[NvidiaDevices]):
+    """/dev/nvidia* character devices (nvidia-uvm included) and their /dev/char links."""
+
+    def command(self) -> str:
+        return _script(device_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> NvidiaDevices:
+        return read_devices(sections)
+
+
+class ContainerEngineVersions(_SurveyFact[ContainerEngines]):
+    """podman and docker: present, version, quadlet generator, docker's runtimes."""
+
+    def command(self) -> str:
+        return _script(engine_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> ContainerEngines:
+        return read_engines(sections)
+
+
+class NvidiaContainerToolkit(_SurveyFact[ContainerToolkit]):
+    """``nvidia-ctk --version``."""
+
+    def command(self) -> str:
+        return _script(toolkit_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> ContainerToolkit:
+        return read_toolkit(sections)
+
+
+class CdiSpecs(_SurveyFact[tuple[CdiSpec, ...]]):
+    """Every CDI spec file in /etc/cdi and /var/run/cdi (judge them with ``analyse_cdi``)."""
+
+    def command(self, cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS) -> str:
+        return _script(cdi_sections(cdi_dirs))
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> tuple[CdiSpec, ...]:
+        return read_cdi_specs(sections)
+
+
+class SelinuxDevices(_SurveyFact[Selinux]):
+    """SELinux mode and the ``container_use_devices`` boolean."""
+
+    def command(self) -> str:
+        return _script(selinux_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> Selinux:
+        return read_selinux(sections)
+
+
+class InitProcess(_SurveyFact[InitSystem]):
+    """What runs as PID 1 (systemd or not)."""
+
+    def command(self) -> str:
+        return _script(init_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> InitSystem:
+        return read_init(sections)
+
+
+class CpuCount(_SurveyFact[int]):
+    """``nproc``."""
+
+    def command(self) -> str:
+        return _script(cpu_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> int:
+        return read_cpus(sections)
+
+
+class FreeDisk(_SurveyFact[DiskSpace]):
+    """Free space at a path (its nearest existing parent when it is not there yet)."""
+
+    def command(self, path: str = DEFAULT_MODELS_DIR) -> str:
+        return _script(disk_sections(path))
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> DiskSpace:
+        return read_disk(sections)
+
+
+class ListeningPorts(_SurveyFact[tuple[Listener, ...]]):
+    """Every listening TCP socket (``ss -Hltn``); ask ``listener_blocks`` about one port."""
+
+    def command(self) -> str:
+        return _script(port_sections())
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> tuple[Listener, ...]:
+        return read_listeners(sections)
+
+
+class HostSurvey(FactBase[HostFacts]):
+    """Everything above in one SSH round trip, as one HostFacts value."""
+
+    def command(
+        self, models_dir: str = DEFAULT_MODELS_DIR, cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS
+    ) -> str:
+        return _script(all_sections(models_dir, cdi_dirs))
+
+    def process(self, output: Iterable[str]) -> HostFacts:
+        return _process(output, host_facts_from_survey)
+
+
+__all__: list[str] = [
+    "CdiSpecs",
+    "ContainerEngineVersions",
+    "CpuCount",
+    "FreeDisk",
+    "HostSurvey",
+    "InitProcess",
+    "ListeningPorts",
+    "NvidiaContainerToolkit",
+    "NvidiaDeviceNodes",
+    "NvidiaGpus",
+    "SelinuxDevices",
+]
