@@ -11,11 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.hosts.harness import Host
+from tests.hosts.harness import Host, host_set
 from tests.recipe_tools import write_recipe
 
 TINY_REPO = "tensorless-test/tiny-llama-GGUF"
-UNREACHABLE_IP = "10.253.0.250"  # on the test bridge, never assigned: connections time out
+# on the set's bridge (TL_SET; hosts.json "unreachable"), never assigned: connections time out
+UNREACHABLE_IP = host_set().unreachable
 
 
 def tiny_recipe(hosts_json: Mapping[str, Any], commit: str, **run: Any) -> dict[str, Any]:

@@ -19,7 +19,8 @@ connection after K body bytes, ``corrupt`` (wrong bytes, right length), ``404``,
 and bytes served let tests prove "no bytes re-transferred" and "metadata only". The value of an
 ``Authorization`` header is never stored or logged: only whether one was present.
 
-As a script:
+As a script (``--host``: the host set's gateway, hosts.json ``gateway``, 10.253.S.1 for
+TL_SET=S, so the set's hosts reach it):
     python tests/hosts/hf_server.py --host 10.253.0.1 --port 8765 \
         --repo tensorless-test/tiny-llama-GGUF=/path/to/dir [--commit HEX] [--token T]
 """

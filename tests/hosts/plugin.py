@@ -1,31 +1,41 @@
 """pytest fixtures for the real test hosts (see docs/test-hosts.md).
 
 Loaded by tests/conftest.py. Tests that use these fixtures carry ``@pytest.mark.hosts`` (the
-default ``pytest`` run deselects them; ``pytest -m hosts`` selects them). When BASE/hosts.json is
+default ``pytest`` run deselects them; ``pytest -m hosts`` selects them). The host set is
+``TL_SET`` (0..7, default 0): its BASE/hosts.json names the hosts. When BASE/hosts.json is
 missing (tests/hosts/setup.sh was not run), every fixture here skips with a message saying so.
+
+Every test marked ``hosts`` starts from reset hosts: an autouse fixture resets every host of the
+set, in parallel, before the test (only what differs from pristine; see harness.reset_host).
 
 Session fixtures:
   hosts_json       the parsed BASE/hosts.json (dict)
-  test_hosts       {name: Host}; gpu_hosts (list of gpu* Hosts), legacy_host (legacy1)
+  test_hosts       {name: Host}; gpu_hosts (list of gpu* Hosts), legacy_host (legacy1),
+                   persist_host (persist1: persistent root, can reboot)
+  subnet           the set's subnet, "10.253.S.0/24" (also ``ssh.subnet``); unreachable_ip
   ssh              SshRunner: ssh(host_or_name, "cmd", timeout=60, check=True) -> CompletedProcess
+                   (as root; ``ssh(host.as_user(host.sudo_user), ...)`` as operator)
   testinfra_hosts  {name: testinfra Host} over paramiko, host keys checked against known_hosts
-  engine_image     "10.253.0.1:5000/tensorless-engine-cpu@sha256:..."
+  engine_image     "10.253.S.1:5000/tensorless-engine-cpu@sha256:..."
   tiny_gguf        TinyGguf(path, sha256, size, repo_id, filename, commit)
   hf_server        HFServer on the gateway address (hosts and this process reach it), serving
                    tensorless-test/tiny-llama-GGUF at TINY_COMMIT
 Function fixtures:
   hf               hf_server with faults cleared and counters reset (before and after the test)
-  reset_host       callable reset_host(host_or_name, images=False): see harness-side docs below
-  clean_hosts      resets every host after the test
+  reset_host       callable reset_host(host_or_name, images=False): see harness.reset_host
+  clean_hosts      resets every host after the test as well
   profile          callable profile(host_or_name, "no-driver"): applies a profile for this test
                    and restores the host's default profile afterwards
+  reboot           callable reboot(host_or_name="persist1", timeout=180) -> harness.Reboot
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import statistics
 import subprocess
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,13 +45,22 @@ from typing import Any
 import pytest
 
 from tests.hosts.harness import (
+    PERSIST_HOST,
+    QUADLET_SUFFIX,
+    RESET_DIRS,
     Host,
+    Reboot,
     apply_profile,
     base_dir,
+    host_rootfs,
     load_hosts_json,
+    reboot,
+    reset_host,
     ssh_run,
 )
 from tests.hosts.hf_server import HFServer
+
+__all__ = ["QUADLET_SUFFIX", "RESET_DIRS", "HostRef", "SshRunner", "TinyGguf", "reset_host_state"]
 
 TINY_REPO = "tensorless-test/tiny-llama-GGUF"
 TINY_FILE = "tiny-llama.gguf"
@@ -50,28 +69,6 @@ TINY_README = (
     b"---\nlicense: apache-2.0\ntags: [gguf, test]\n---\n"
     b"# tiny-llama-GGUF\n\nA 2-layer random-weight llama GGUF for tensorless-deploy tests.\n"
 )
-
-# Paths a reset returns to their pristine (rootfs) content: anything a test added there is
-# removed; units defined there are stopped first.
-RESET_DIRS = (
-    "/etc/systemd/system",
-    "/etc/containers/systemd",
-    "/etc/tensorless-deploy",
-    "/var/lib/tensorless-deploy",
-    "/var/lib/tensorless",  # the default models_dir: models--ORG--NAME/..., .tensorless/
-    "/run/tensorless",  # where a download token file lives for the length of a download
-    "/srv",
-    "/opt",
-)
-QUADLET_SUFFIX = {
-    ".container": "",
-    ".pod": "-pod",
-    ".network": "-network",
-    ".volume": "-volume",
-    ".kube": "",
-    ".image": "-image",
-    ".build": "-build",
-}
 
 
 @dataclass(frozen=True)
@@ -90,8 +87,12 @@ HostRef = Host | str
 class SshRunner:
     """``ssh(host, cmd)``: run on a test host with the harness key and known_hosts (bounded)."""
 
-    def __init__(self, hosts: dict[str, Host]) -> None:
+    def __init__(
+        self, hosts: dict[str, Host], subnet: str = "10.253.0.0/24", unreachable: str = ""
+    ) -> None:
         self.hosts = hosts
+        self.subnet = subnet  # the set's subnet (hosts.json "subnet")
+        self.unreachable = unreachable  # never assigned on the set's bridge
 
     def host(self, ref: HostRef) -> Host:
         return ref if isinstance(ref, Host) else self.hosts[ref]
@@ -160,37 +161,81 @@ def legacy_host(test_hosts: dict[str, Host]) -> Host:
 
 
 @pytest.fixture(scope="session")
-def ssh(test_hosts: dict[str, Host]) -> SshRunner:
-    return SshRunner(test_hosts)
+def persist_host(test_hosts: dict[str, Host]) -> Host:
+    if PERSIST_HOST not in test_hosts:
+        pytest.skip(f"no {PERSIST_HOST} in hosts.json: re-run tests/hosts/setup.sh")
+    return test_hosts[PERSIST_HOST]
+
+
+def _subnet(hosts_json: dict[str, Any]) -> str:
+    return str(hosts_json.get("subnet", "10.253.0.0/24"))
+
+
+@pytest.fixture(scope="session")
+def subnet(hosts_json: dict[str, Any]) -> str:
+    """The set's subnet, e.g. for an nft rule that cuts a host off the bridge."""
+    return _subnet(hosts_json)
+
+
+@pytest.fixture(scope="session")
+def unreachable_ip(hosts_json: dict[str, Any]) -> str:
+    """On the set's bridge, never assigned: connections to it time out."""
+    return str(hosts_json.get("unreachable", "10.253.0.250"))
+
+
+@pytest.fixture(scope="session")
+def ssh(hosts_json: dict[str, Any], test_hosts: dict[str, Host]) -> SshRunner:
+    return SshRunner(
+        test_hosts, _subnet(hosts_json), str(hosts_json.get("unreachable", "10.253.0.250"))
+    )
+
+
+_TESTINFRA: dict[str, tuple[Any, Any]] = {}  # name -> (testinfra Host, paramiko client)
+
+
+def _connect(h: Host) -> Any:
+    import paramiko
+
+    client = paramiko.SSHClient()
+    client.load_host_keys(h.known_hosts)
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(
+        h.ip,
+        username=h.user,
+        key_filename=h.key,
+        timeout=10,
+        allow_agent=False,
+        look_for_keys=False,
+    )
+    return client
+
+
+def _reconnect_testinfra(h: Host) -> None:
+    """After a reboot the old paramiko session is dead: give testinfra a new one."""
+    if h.name in _TESTINFRA:
+        th, old = _TESTINFRA[h.name]
+        old.close()
+        client = _connect(h)
+        th.backend.__dict__["client"] = client
+        _TESTINFRA[h.name] = (th, client)
 
 
 @pytest.fixture(scope="session")
 def testinfra_hosts(test_hosts: dict[str, Host]) -> Iterator[dict[str, Any]]:
-    import paramiko
     import testinfra
 
     out: dict[str, Any] = {}
-    clients: list[paramiko.SSHClient] = []
     for name, h in test_hosts.items():
         th = testinfra.get_host(h.testinfra_url)
         # same URL as documented, but with the host key checked against the harness known_hosts
-        client = paramiko.SSHClient()
-        client.load_host_keys(h.known_hosts)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        client.connect(
-            h.ip,
-            username=h.user,
-            key_filename=h.key,
-            timeout=10,
-            allow_agent=False,
-            look_for_keys=False,
-        )
+        client = _connect(h)
         th.backend.__dict__["client"] = client  # testinfra's cached_property
-        clients.append(client)
+        _TESTINFRA[name] = (th, client)
         out[name] = th
     yield out
-    for c in clients:
+    for _, c in _TESTINFRA.values():
         c.close()
+    _TESTINFRA.clear()
 
 
 @pytest.fixture(scope="session")
@@ -233,79 +278,49 @@ def hf(hf_server: HFServer) -> Iterator[HFServer]:
 
 # ------------------------------------------------------------------------------ reset
 
-
-def _pristine_files(hosts_json: dict[str, Any], host: Host) -> set[str]:
-    root = Path(hosts_json["base"]) / "rootfs" / host.suite
-    found: set[str] = set()
-    for d in RESET_DIRS:
-        top = root / d.lstrip("/")
-        if top.is_dir():
-            for p in top.rglob("*"):
-                found.add("/" + p.relative_to(root).as_posix())
-    return found
+RESET_TIMES: list[float] = []  # seconds per reset of the whole set (the autouse fixture)
 
 
 def reset_host_state(hosts_json: dict[str, Any], host: Host, *, images: bool = False) -> None:
-    """Return ``host`` to a pristine-enough state. Covers:
+    """Return ``host`` to its pristine default (harness.reset_host, one SSH round trip):
 
     * every unit file / quadlet file a test added under /etc/systemd/system or
-      /etc/containers/systemd (i.e. absent from the pristine rootfs): its unit is stopped, the
-      file removed, then ``daemon-reload`` and ``reset-failed``;
+      /etc/containers/systemd (absent from the pristine rootfs the host booted from): its unit
+      is stopped and disabled, the file removed, then ``daemon-reload``; transient services and
+      timers (systemd-run) are stopped; failed units reset;
     * all podman containers, pods, unused networks and volumes (and all images with ``images``);
-    * anything added under RESET_DIRS (/etc/tensorless-deploy, /var/lib/tensorless-deploy, /srv,
-      /opt, ...);
-    * the GPU stand-in profile: the host's default profile is re-applied.
-    Not covered: other files a test wrote elsewhere (the overlay root is only pristine again
-    after a reboot of the host: teardown + setup), and images (kept as a pull cache by default).
+    * anything added under RESET_DIRS (/etc/tensorless-deploy, /var/lib/tensorless-deploy,
+      /var/lib/tensorless, /run/tensorless, /srv, /opt, /home/operator);
+    * nftables tables named tl_*;
+    * the GPU stand-in profile: the host's default profile, re-applied only when its stamp, file
+      sums, CDI directories or device nodes differ.
+    Not covered: other files a test wrote elsewhere (a volatile host is only pristine again
+    after teardown + setup), and images (kept as a pull cache by default).
     """
-    quoted = " ".join(RESET_DIRS)
-    listing = ssh_run(
-        host,
-        f"for d in {quoted}; do [ -d $d ] && find $d -mindepth 1; done; true",
-        timeout=30,
-    ).stdout.split()
-    extra = sorted(set(listing) - _pristine_files(hosts_json, host))
-    units: list[str] = []
-    for p in extra:
-        name = os.path.basename(p)
-        stem, suffix = os.path.splitext(name)
-        if p.startswith("/etc/containers/systemd/") and suffix in QUADLET_SUFFIX:
-            units.append(f"{stem}{QUADLET_SUFFIX[suffix]}.service")
-        elif p.startswith("/etc/systemd/system/") and suffix in (".service", ".timer", ".socket"):
-            units.append(name)
-    units = sorted(set(units))
-    script = ["set -u"]
-    if units:
-        script.append(f"timeout 60 systemctl stop {' '.join(units)} || true")
-        script.append(f"systemctl disable {' '.join(u for u in units)} >/dev/null 2>&1 || true")
-    # podman is slow to start (many hosts, 2 cores): only call it when its state has something
-    ctrs = "/var/lib/containers/storage/overlay-containers/containers.json"
-    script += [
-        f'if [ -s {ctrs} ] && [ "$(cat {ctrs})" != "[]" ]; then',
-        "  timeout 60 podman pod rm -af -t 2 >/dev/null 2>&1 || true",
-        "  timeout 60 podman rm -af -t 2 >/dev/null 2>&1 || true",
-        "fi",
-        "if ls /etc/containers/networks/*.json >/dev/null 2>&1; then",
-        "  timeout 30 podman network prune -f >/dev/null 2>&1 || true",
-        "fi",
-        'if [ -n "$(ls -A /var/lib/containers/storage/volumes 2>/dev/null)" ]; then',
-        "  timeout 30 podman volume prune -f >/dev/null 2>&1 || true",
-        "fi",
-    ]
-    if images:
-        script.append("timeout 60 podman rmi -af >/dev/null 2>&1 || true")
-    # deepest first so directories are empty when their turn comes
-    for p in sorted(extra, key=lambda s: -s.count("/")):
-        script.append(f"rm -rf -- '{p}'")
-    if extra:
-        script.append("systemctl daemon-reload")
-    script.append("systemctl reset-failed || true")
-    ssh_run(host, "\n".join(script), timeout=180)
-    apply_profile(host, str(host.extra.get("default_profile", host.profile)))
+    reset_host(host, rootfs=host_rootfs(host, Path(hosts_json["base"])), images=images)
 
 
-@pytest.fixture
-def reset_host(hosts_json: dict[str, Any], ssh: SshRunner) -> Callable[..., None]:
+def reset_all(hosts_json: dict[str, Any], hosts: dict[str, Host]) -> None:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        for f in [pool.submit(reset_host_state, hosts_json, h) for h in hosts.values()]:
+            f.result()
+
+
+@pytest.fixture(autouse=True)
+def _reset_hosts_before_test(request: pytest.FixtureRequest) -> None:
+    """Every test marked ``hosts`` starts from reset hosts, whatever ran before it (another
+    test, ./demo, a crashed run)."""
+    if request.node.get_closest_marker("hosts") is None:
+        return
+    hosts_json: dict[str, Any] = request.getfixturevalue("hosts_json")
+    hosts: dict[str, Host] = request.getfixturevalue("test_hosts")
+    t0 = time.perf_counter()
+    reset_all(hosts_json, hosts)
+    RESET_TIMES.append(time.perf_counter() - t0)
+
+
+@pytest.fixture(name="reset_host")
+def reset_host_fixture(hosts_json: dict[str, Any], ssh: SshRunner) -> Callable[..., None]:
     def _reset(ref: HostRef, *, images: bool = False) -> None:
         reset_host_state(hosts_json, ssh.host(ref), images=images)
 
@@ -315,9 +330,21 @@ def reset_host(hosts_json: dict[str, Any], ssh: SshRunner) -> Callable[..., None
 @pytest.fixture
 def clean_hosts(hosts_json: dict[str, Any], test_hosts: dict[str, Host]) -> Iterator[None]:
     yield
-    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-        for f in [pool.submit(reset_host_state, hosts_json, h) for h in test_hosts.values()]:
-            f.result()
+    reset_all(hosts_json, test_hosts)
+
+
+@pytest.fixture(name="reboot")
+def reboot_fixture(ssh: SshRunner) -> Callable[..., Reboot]:
+    """``reboot(host="persist1", timeout=180)``: systemctl reboot, wait for SSH with a new boot
+    id and systemd running; testinfra's session to the host is made again."""
+
+    def _reboot(ref: HostRef = PERSIST_HOST, *, timeout: float = 180) -> Reboot:
+        h = ssh.host(ref)
+        r = reboot(h, timeout=timeout)
+        _reconnect_testinfra(h)
+        return r
+
+    return _reboot
 
 
 @pytest.fixture
@@ -332,6 +359,15 @@ def profile(ssh: SshRunner) -> Iterator[Callable[[HostRef, str], None]]:
     yield _apply
     for h in touched.values():
         apply_profile(h, str(h.extra.get("default_profile", h.profile)))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if RESET_TIMES:
+        ms = sorted(t * 1000 for t in RESET_TIMES)
+        terminalreporter.write_line(
+            f"host resets before tests: {len(ms)}, median {statistics.median(ms):.0f} ms, "
+            f"max {ms[-1]:.0f} ms, total {sum(ms) / 1000:.1f} s"
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:
