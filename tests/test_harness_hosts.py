@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.hosts.harness import Host
+from tests.hosts.fleet import write_inventory
+from tests.hosts.harness import IFNAME_MAX, MAX_SET, Host, apply_profile, host_set, reset_host
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import SshRunner, TinyGguf
 
@@ -62,6 +63,55 @@ def test_every_host_boots_systemd_with_ssh(ssh: SshRunner, test_hosts: dict[str,
         assert comm == "systemd", name
         assert hostname == name
         assert state in ("running", "degraded"), (name, state)
+
+
+def test_hosts_json_follows_the_set_plan(
+    hosts_json: dict[str, Any], test_hosts: dict[str, Host]
+) -> None:
+    """hosts.json, the bridge and the namespaces are the plan of TL_SET; no two sets collide."""
+    hs = host_set()
+    assert hosts_json["set"] == hs.index and hosts_json["base"] == str(hs.base)
+    assert (hosts_json["bridge"], hosts_json["gateway"]) == (hs.bridge, hs.gateway)
+    assert (hosts_json["subnet"], hosts_json["unreachable"]) == (hs.subnet, hs.unreachable)
+    assert hosts_json["registry"] == hs.registry and hosts_json["image"]["ref"].startswith(
+        hs.registry + "/"
+    )
+    for name, h in test_hosts.items():
+        assert (h.ip, h.netns, h.extra["veth"]) == (hs.host_ip(name), hs.netns(name), hs.veth(name))
+        assert Path(f"/run/netns/{h.netns}").exists(), name
+    addr = subprocess.run(
+        ["ip", "-4", "-o", "addr", "show", "dev", hs.bridge], capture_output=True, text=True
+    )
+    assert f"inet {hs.gateway}/24" in addr.stdout, addr
+    # every set's names fit the interface limit and differ from every other set's
+    plans = [host_set(i) for i in range(MAX_SET + 1)]
+    names = [(p.bridge, p.subnet, p.netns("persist1"), p.veth("persist1")) for p in plans]
+    for col in zip(*names, strict=True):
+        assert len(set(col)) == len(plans), col
+    assert max(len(p.peer("persist1")) for p in plans) <= IFNAME_MAX
+
+
+def test_operator_has_passwordless_sudo_only(
+    ssh: SshRunner, test_hosts: dict[str, Host], tmp_path: Path
+) -> None:
+    for name, h in test_hosts.items():
+        op = h.as_user(h.sudo_user)
+        assert ssh(op, "id -un").stdout.strip() == "operator", name
+        assert ssh(op, "sudo -n true").returncode == 0, name
+        denied = ssh(op, "cat /etc/shadow", check=False)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, name
+        assert ssh(op, "sudo -n head -1 /etc/shadow").stdout.startswith("root:"), name
+    # pyinfra as operator: plain commands run as operator, _sudo (--sudo) ones as root
+    hosts = list(test_hosts.values())
+    inv = write_inventory(tmp_path / "inventory.py", [h.as_user(h.sudo_user) for h in hosts])
+    pyinfra = [sys.executable, "-m", "pyinfra", "-y"]
+    cmd = ["exec", "--", 'test "$(id -u)" = 0']
+    as_root = subprocess.run(
+        [*pyinfra, "--sudo", str(inv), *cmd], capture_output=True, text=True, timeout=120
+    )
+    assert as_root.returncode == 0, as_root.stdout + as_root.stderr
+    plain = subprocess.run([*pyinfra, str(inv), *cmd], capture_output=True, text=True, timeout=120)
+    assert plain.returncode != 0, plain.stdout + plain.stderr
 
 
 def test_podman_versions_and_quadlet(
@@ -320,3 +370,111 @@ def test_profiles_switch_over_ssh(
     assert ssh(h, "nvidia-ctk --version").stdout.startswith("NVIDIA Container Toolkit CLI version ")
     assert ssh(h, QUERY).stdout == (FIXTURES / "p100-driver-535" / "query-csv.out").read_text()
     assert ssh(h, "ls /var/run/cdi").stdout == ""
+
+
+# ------------------------------------------------------------------------------ reset
+
+
+MESS_UNIT = "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n"
+
+
+def test_a_test_that_leaves_a_mess_behind(
+    ssh: SshRunner, test_hosts: dict[str, Host], engine_image: str
+) -> None:
+    """Leaves units, a container, files, an nft table and a foreign profile on gpu1; the next
+    test (and every host test) must still start from a pristine host."""
+    h = test_hosts["gpu1"]
+    ssh(h, "cat > /etc/systemd/system/tl-mess.service", input=MESS_UNIT)
+    ssh(
+        h,
+        "mkdir -p /etc/containers/systemd && cat > /etc/containers/systemd/tl-mess-q.container",
+        input=f"[Container]\nImage={engine_image}\nExec=600\nEntrypoint=/bin/sleep\n",
+    )
+    ssh(
+        h,
+        "systemctl daemon-reload && systemctl enable --now tl-mess.service && "
+        "mkdir -p /srv/mess /var/lib/tensorless/models--x /home/operator/.cache && "
+        "touch /srv/mess/f /home/operator/.cache/x /etc/cdi/extra.yaml && "
+        "systemd-run --unit=tl-mess-transient sleep 600 && nft add table inet tl_mess",
+        timeout=60,
+    )
+    ssh(h, f"podman run -d --name tl-mess --entrypoint /bin/sleep {engine_image} 600", timeout=180)
+    apply_profile(h, "no-driver")
+    assert ssh(
+        h, "systemctl is-active tl-mess.service tl-mess-transient.service"
+    ).stdout.split() == [
+        "active",
+        "active",
+    ]
+
+
+def test_the_next_test_starts_from_reset_hosts(ssh: SshRunner, test_hosts: dict[str, Host]) -> None:
+    h = test_hosts["gpu1"]
+    out = ssh(
+        h,
+        "ls /etc/systemd/system/tl-mess.service /etc/containers/systemd/tl-mess-q.container "
+        "/srv/mess /var/lib/tensorless/models--x /home/operator/.cache /etc/cdi/extra.yaml "
+        "2>/dev/null; systemctl is-active tl-mess.service tl-mess-transient.service; "
+        "podman ps -aq; nft list tables | grep tl_; cat /var/lib/tensorless-test/profile",
+        check=False,
+    ).stdout.split()
+    assert out == ["inactive", "inactive", "p100"], out
+    assert ssh(h, QUERY).stdout == (FIXTURES / "p100-driver-535" / "query-csv.out").read_text()
+
+
+def test_reset_changes_nothing_on_a_pristine_host(test_hosts: dict[str, Host]) -> None:
+    for h in test_hosts.values():
+        out = reset_host(h)
+        assert "profile " in out and "unchanged" in out, (h.name, out)
+        assert "0 added paths removed, units stopped: none" in out, (h.name, out)
+
+
+# ------------------------------------------------------------------------------ reboot
+
+
+def test_persist_host_reboots_for_real(
+    ssh: SshRunner, persist_host: Host, gpu_hosts: list[Host], reboot: Any, reset_host: Any
+) -> None:
+    h = persist_host
+    unit = (
+        "[Unit]\nDescription=tensorless reboot probe\n[Service]\nType=oneshot\n"
+        "RemainAfterExit=yes\nExecStart=/bin/sh -c 'cat /proc/sys/kernel/random/boot_id "
+        "> /run/tl-reboot-probe'\n[Install]\nWantedBy=multi-user.target\n"
+    )
+    ssh(h, "cat > /etc/systemd/system/tl-reboot-probe.service", input=unit)
+    ssh(
+        h,
+        "systemctl daemon-reload && systemctl enable tl-reboot-probe.service && "
+        "mkdir -p /etc/tensorless-deploy /var/lib/tensorless-deploy && "
+        "echo etc > /etc/tensorless-deploy/reboot-probe && "
+        "echo var > /var/lib/tensorless-deploy/reboot-probe && "
+        "podman volume create tl-reboot-vol >/dev/null && "
+        "echo vol > \"$(podman volume inspect tl-reboot-vol --format '{{.Mountpoint}}')/f\"",
+        timeout=60,
+    )
+    r = reboot(h)
+    assert r.new_boot_id != r.old_boot_id and r.seconds < 120, r
+    got = ssh(
+        h,
+        "cat /proc/sys/kernel/random/boot_id /etc/tensorless-deploy/reboot-probe "
+        "/var/lib/tensorless-deploy/reboot-probe /run/tl-reboot-probe; "
+        "systemctl is-enabled tl-reboot-probe.service; "
+        "systemctl is-active tl-reboot-probe.service; "
+        "cat \"$(podman volume inspect tl-reboot-vol --format '{{.Mountpoint}}')/f\"",
+        timeout=60,
+    ).stdout.split()
+    # the enabled unit ran in the new boot (its /run file names the new boot id)
+    assert got == [r.new_boot_id, "etc", "var", r.new_boot_id, "enabled", "active", "vol"], got
+    # a reset still returns it to pristine (unit, files, volume gone)
+    reset_host(h)
+    left = ssh(
+        h,
+        "ls /etc/systemd/system/tl-reboot-probe.service /etc/tensorless-deploy/reboot-probe "
+        "/var/lib/tensorless-deploy/reboot-probe 2>/dev/null; podman volume ls -q; "
+        "systemctl is-enabled tl-reboot-probe.service",
+        check=False,
+    ).stdout.split()
+    assert left in (["not-found"], []), left
+    # a volatile host cannot reboot: the harness refuses instead of losing it
+    with pytest.raises(ValueError, match="volatile"):
+        reboot(gpu_hosts[0])
