@@ -45,3 +45,7 @@ class UnknownModelError(TensorlessError):
             fix="run 'tensorless-deploy models' to list the catalog",
         )
         self.suggestions = suggestions
+
+
+class InventoryError(TensorlessError):
+    """An inventory that cannot be read, or host data of the wrong shape."""

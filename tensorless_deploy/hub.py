@@ -1,7 +1,11 @@
-"""The Hugging Face cache layout a model file lands in, on hosts and on this machine (pure).
+"""The Hugging Face Hub as this tool uses it: the resolve URL at a pinned commit, the token, and
+the cache layout a model file lands in, on hosts and on this machine.
 
-`models--ORG--NAME/blobs/<sha256>` holds the bytes; `snapshots/<revision>/<file>` is a relative
-link to it, so huggingface_hub and other Hub tools read the same file from the same cache.
+The endpoint, URL template and cache folder names are huggingface_hub's own (its ``constants``
+module, cheap to import), so a file this tool fetched is one huggingface_hub reads back:
+``models--ORG--NAME/blobs/<sha256>`` holds the bytes and ``snapshots/<revision>/<file>`` is a
+relative link to it. The tool's own verification stamps live outside the Hub cache
+(``state_dir``), so ``huggingface_hub.scan_cache_dir()`` sees nothing it does not know.
 """
 
 from __future__ import annotations
@@ -9,33 +13,74 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
 
-from tensorless_deploy.recipe.schema import Recipe
-
-DEFAULT_ENDPOINT = "https://huggingface.co"
+# Where a host keeps model files unless its inventory data says otherwise (tensorless_models_dir).
+DEFAULT_MODELS_DIR = "/var/lib/tensorless/models"
 
 
 def endpoint() -> str:
-    """HF_ENDPOINT, as huggingface_hub honours it, without a trailing slash."""
-    return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
+    """HF_ENDPOINT as huggingface_hub honours it, without a trailing slash."""
+    from huggingface_hub import constants
+
+    # constants read HF_ENDPOINT when first imported; a later change of the variable wins
+    return os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
 
 
-def resolve_url(recipe: Recipe, base: str | None = None) -> str:
-    """The Hub's resolve URL at the pinned commit (never a branch)."""
-    from urllib.parse import quote
+def resolve_url(repo: str, revision: str, filename: str, base: str | None = None) -> str:
+    """The Hub's resolve URL of one file at a pinned commit (never a branch), quoted as
+    huggingface_hub's ``hf_hub_url`` quotes it."""
+    from huggingface_hub import constants
 
-    m = recipe.model
-    return f"{base or endpoint()}/{m.hf_repo}/resolve/{m.revision}/{quote(m.file)}"
+    template = constants.HUGGINGFACE_CO_URL_TEMPLATE.replace(constants.ENDPOINT, "", 1)
+    path = template.format(
+        repo_id=quote(repo, safe="/"), revision=quote(revision, safe=""), filename=quote(filename)
+    )
+    return (base or endpoint()).rstrip("/") + path
+
+
+def token() -> str | None:
+    """The Hub token as huggingface_hub finds it (HF_TOKEN, or the stored login)."""
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def cache_dir() -> str:
+    """This machine's Hugging Face cache (HF_HUB_CACHE / HF_HOME honoured)."""
+    from huggingface_hub import constants
+
+    return str(os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
+
+
+def controller_state_dir() -> str:
+    """This machine's own state, outside the Hub cache: $XDG_CACHE_HOME/tensorless-deploy."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "tensorless-deploy")
+
+
+def host_state_dir(models_dir: str) -> str:
+    """Where a host keeps the tool's stamps for models under models_dir: beside it, never
+    inside it (``/var/lib/tensorless/models`` -> ``/var/lib/tensorless/models.state``)."""
+    return models_dir.rstrip("/") + ".state"
+
+
+def repo_folder(repo: str) -> str:
+    """``models--ORG--NAME``, as huggingface_hub names a model repository's cache folder."""
+    from huggingface_hub import constants
+
+    return constants.REPO_ID_SEPARATOR.join(["models", *repo.split("/")])
 
 
 @dataclass(frozen=True)
 class CachePaths:
-    """Where one recipe's model file lives under a cache directory."""
+    """Where one model file lives under a cache directory, and its stamp outside it."""
 
     repo_dir: str
     blob: str
     partial: str
-    stamp: str  # "size mtime" of the blob when last verified; outside the Hub's own layout
+    stamp: str  # stamp_text() of the blob when last verified, in the tool's state dir
     snapshot: str
     link_target: str  # what the snapshot link points at, relative to the link
 
@@ -47,18 +92,22 @@ class CachePaths:
     def snapshot_dir(self) -> str:
         return posixpath.dirname(self.snapshot)
 
+    def stamp_text(self, size: int, mtime: int) -> str:
+        """What the stamp says of a verified blob: unchanged while size and mtime are."""
+        return f"{size} {mtime} {self.blob}"
 
-def cache_paths(cache_dir: str, recipe: Recipe) -> CachePaths:
-    m = recipe.model
-    repo_dir = posixpath.join(cache_dir, "models--" + m.hf_repo.replace("/", "--"))
-    blob = posixpath.join(repo_dir, "blobs", m.sha256)
-    snapshot = posixpath.join(repo_dir, "snapshots", m.revision, m.file)
-    target = posixpath.relpath(blob, posixpath.dirname(snapshot))
+
+def cache_paths(
+    cache: str, state_dir: str, repo: str, revision: str, filename: str, sha256: str
+) -> CachePaths:
+    repo_dir = posixpath.join(cache, repo_folder(repo))
+    blob = posixpath.join(repo_dir, "blobs", sha256)
+    snapshot = posixpath.join(repo_dir, "snapshots", revision, filename)
     return CachePaths(
         repo_dir=repo_dir,
         blob=blob,
         partial=blob + ".incomplete",
-        stamp=posixpath.join(cache_dir, ".tensorless", m.sha256 + ".verified"),
+        stamp=posixpath.join(state_dir, "verified", sha256),
         snapshot=snapshot,
-        link_target=target,
+        link_target=posixpath.relpath(blob, posixpath.dirname(snapshot)),
     )

@@ -9,15 +9,11 @@ from typing import Any
 
 import pytest
 
-from tensorless_deploy.decisions.checks import (
-    Options,
-    Verdict,
-    choose_recipe,
-    host_verdict,
-    no_card_verdict,
-)
+from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.hostplan.plan import HostPlan, plan_host, readiness
 from tensorless_deploy.recipe import load_catalog
+from tensorless_deploy.recipe.catalog import Entry
 from tensorless_deploy.recipe.schema import Recipe
 from tests.recipe_tools import example
 
@@ -43,22 +39,23 @@ def _facts(spec: dict[str, Any]) -> HostFacts:
     return HostFacts.model_validate(data)
 
 
-def _verdict(case: dict[str, Any]) -> tuple[Verdict, bool]:
+def _plan(case: dict[str, Any]) -> HostPlan:
+    """The product's own host plan for the case: the one doctor, plan, deploy and run compute."""
     facts = _facts(case["facts"])
     options = Options(**case.get("options", {}))
     if case.get("no_model"):
-        catalog = [(e.path, e.recipe) for e in load_catalog().entries]
-        return host_verdict(facts, None, options, catalog), False
+        return readiness("host", facts, load_catalog(), options)
     recipe = Recipe.model_validate(_merge(example(), case.get("recipe", {})))
-    if facts.gpus.state == "ok" and choose_recipe([recipe], facts) is None:
-        return no_card_verdict(recipe.model.hf_repo, [recipe], facts, options), True
-    return host_verdict(facts, recipe, options), False
+    entry = Entry(f"{recipe.model.hf_repo}/{recipe.card.id}.toml", recipe)
+    return plan_host("host", facts, [entry], options)
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_decision_scenario(path: Path) -> None:
     case = json.loads(path.read_text())
-    verdict, no_card = _verdict(case)
+    plan = _plan(case)
+    verdict = plan.verdict
+    no_card = not case.get("no_model") and plan.entry is None
     want = case["expected"]
     by_id = {c.id: c for c in verdict.checks}
     assert len(by_id) == len(verdict.checks), "check ids are unique per host"
@@ -76,6 +73,8 @@ def test_decision_scenario(path: Path) -> None:
         assert by_id[check_id].fix and text in by_id[check_id].fix, by_id[check_id]
     if "gpu_uuids" in want:
         assert verdict.match is not None and list(verdict.match.uuids) == want["gpu_uuids"]
+        served = [u for i in plan.instances for u in i.spec.gpu_uuids]
+        assert served == want["gpu_uuids"], "the instances serve exactly the matched cards"
     if "engine" in want:
         assert verdict.engine == want["engine"]
     if "servable" in want:
@@ -85,5 +84,19 @@ def test_decision_scenario(path: Path) -> None:
             assert check.fix, f"{check.id} is {check.status} without a fix"
 
 
-def test_every_scenario_file_is_used() -> None:
-    assert len(CASES) >= 15
+def test_every_scenario_file_is_valid() -> None:
+    """Every case names only keys the harness reads (a misspelt key would be ignored)."""
+    for path in CASES:
+        case = json.loads(path.read_text())
+        assert set(case) <= {"description", "facts", "options", "recipe", "no_model", "expected"}
+        assert set(case["expected"]) <= {
+            "ok",
+            "no_card",
+            "checks",
+            "absent_checks",
+            "evidence_contains",
+            "fix_contains",
+            "gpu_uuids",
+            "engine",
+            "servable",
+        }, path

@@ -114,10 +114,11 @@ def _fetch(recipe_dir: Path, cache: Path, hf: HFServer) -> Any:
     code = (
         "import json,sys; from pathlib import Path;"
         "from tensorless_deploy.recipe import load_catalog;"
-        "from tensorless_deploy.local.run import fetch_model, hub_cache_dir;"
+        "from tensorless_deploy.local.fetch import fetch_model;"
+        "from tensorless_deploy.hub import cache_dir;"
         f"r = load_catalog(Path({str(recipe_dir)!r})).find('tiny')[0].recipe;"
         "seen=[];"
-        "blob, n = fetch_model(r, hub_cache_dir(), progress=lambda d, t: seen.append(d));"
+        "blob, n = fetch_model(r, cache_dir(), progress=lambda d, t: seen.append(d));"
         "print(json.dumps({'blob': str(blob), 'fetched': n, 'progress': len(seen)}))"
     )
     import subprocess

@@ -10,27 +10,41 @@ from typing import Any
 
 import pytest
 
-from tensorless_deploy.decisions.placement import (
+from tensorless_deploy.decisions.options import Options
+from tensorless_deploy.facts import host_facts_from_inventory
+from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.gguf import kv
+from tensorless_deploy.gguf.header import GGUFHeader, read_header_file
+from tensorless_deploy.hostplan.placement import (
     IDENTITY_MISMATCH,
     INFO_PENDING,
     NO_VALID_PLACEMENT,
     HeaderResult,
     ModelPlan,
-    PlanHost,
     PlanOptions,
     _Sizing,
     header_key,
     plan_json,
     plan_model,
 )
-from tensorless_deploy.facts import host_facts_from_inventory
-from tensorless_deploy.facts.values import HostFacts
-from tensorless_deploy.gguf import kv
-from tensorless_deploy.gguf.header import GGUFHeader, read_header_file
+from tensorless_deploy.hostplan.plan import SurveyedHost
 from tensorless_deploy.recipe.catalog import Entry, recipe_digest
 from tensorless_deploy.recipe.schema import Recipe
 from tests.gguf_tools import write_tiny_llama
 from tests.recipe_tools import example
+
+
+def plan_host_row(
+    name: str, facts: HostFacts | None, error: str | None = None, port: int = 8080
+) -> SurveyedHost:
+    """A surveyed host with the default options (what the CLI gives without flags)."""
+    return SurveyedHost(name, Options(port=port), facts, error)
+
+
+# The mixed host's capture has a server on 127.0.0.1:8080: plan it on a free port (the taken
+# port is a test of its own below).
+FREE_PORT = 9090
+
 
 TESTS = Path(__file__).parent
 MiB = 1024 * 1024
@@ -81,7 +95,7 @@ def headers_for(entry: Entry, path: Path) -> dict[tuple[str, str, str], HeaderRe
     return {header_key(entry.recipe): HeaderResult(read_header_file(path))}
 
 
-def inv_host(name: str, **gpu: Any) -> PlanHost:
+def inv_host(name: str, **gpu: Any) -> SurveyedHost:
     row = {
         "name": "Tesla P100-PCIE-16GB",
         "compute_cap": "6.0",
@@ -89,7 +103,7 @@ def inv_host(name: str, **gpu: Any) -> PlanHost:
         "driver_version": "535.183.01",
         **gpu,
     }
-    return PlanHost(name, host_facts_from_inventory({"gpus": [row]}))
+    return plan_host_row(name, host_facts_from_inventory({"gpus": [row]}))
 
 
 def one(mp: ModelPlan, host: str, gpu: int | None = None) -> Any:
@@ -108,7 +122,7 @@ def test_mixed_host_lists_each_matching_gpu_and_refuses_the_full_one(tiny_path: 
     mp = plan_model(
         "tiny",
         [entry],
-        [PlanHost("mixed", survey_facts("mixed-p100-t4-podman5"))],
+        [plan_host_row("mixed", survey_facts("mixed-p100-t4-podman5"), port=FREE_PORT)],
         headers_for(entry, tiny_path),
     )
     assert [p.gpu.index for p in mp.placements if p.gpu] == [0, 1]  # the T4 is not this card
@@ -129,7 +143,7 @@ def test_split_mode_none_silences_the_multi_gpu_note(tiny_path: Path) -> None:
     mp = plan_model(
         "tiny",
         [entry],
-        [PlanHost("mixed", survey_facts("mixed-p100-t4-podman5"))],
+        [plan_host_row("mixed", survey_facts("mixed-p100-t4-podman5"), port=FREE_PORT)],
         headers_for(entry, tiny_path),
     )
     assert mp.placements[0].ok and mp.placements[0].notes == ()
@@ -138,9 +152,9 @@ def test_split_mode_none_silences_the_multi_gpu_note(tiny_path: Path) -> None:
 def test_no_card_no_driver_unreachable(tiny_path: Path) -> None:
     entry = make_entry(tiny_path)
     hosts = [
-        PlanHost("h200", survey_facts("h200-real-bytes")),
-        PlanHost("nodriver", survey_facts("no-driver")),
-        PlanHost("ghost", None, "cannot connect: timed out"),
+        plan_host_row("h200", survey_facts("h200-real-bytes")),
+        plan_host_row("nodriver", survey_facts("no-driver")),
+        plan_host_row("ghost", None, "cannot connect: timed out"),
     ]
     mp = plan_model("tiny", [entry], hosts, headers_for(entry, tiny_path))
     assert not mp.placed
@@ -263,7 +277,7 @@ def test_ranking_alternatives_and_json(tiny_path: Path) -> None:
         inv_host("b"),
         inv_host("a"),
         inv_host("c", memory_used_mib=1000),
-        PlanHost("h200", survey_facts("h200-real-bytes")),
+        plan_host_row("h200", survey_facts("h200-real-bytes")),
     ]
     mp = plan_model("tiny", [entry], hosts, headers_for(entry, tiny_path))
     # all three fit the whole 4096 context: most free memory first (a, b tie), then name
@@ -322,3 +336,20 @@ def test_header_without_size_is_not_a_mismatch(tiny_path: Path) -> None:
         "a",
     )
     assert p.ok
+
+
+def test_a_host_deploy_would_refuse_is_refused_with_the_check(tiny_path: Path) -> None:
+    """The host plan decides for plan as for deploy: the capture's taken port 8080 refuses
+    both cards, with the check doctor prints; the memory is still sized."""
+    entry = make_entry(tiny_path)
+    mp = plan_model(
+        "tiny",
+        [entry],
+        [plan_host_row("mixed", survey_facts("mixed-p100-t4-podman5"))],
+        headers_for(entry, tiny_path),
+    )
+    assert mp.best is None and [p.gpu.index for p in mp.placements if p.gpu] == [0, 1]
+    for p in mp.placements:
+        assert p.error_code == NO_VALID_PLACEMENT
+        assert p.error and p.error.startswith("deploy would refuse this host: port.free: ")
+        assert "127.0.0.1:8080 is taken" in p.error and p.max_context_tokens is not None

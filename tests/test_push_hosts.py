@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tensorless_deploy.recipe import load_catalog
+from tensorless_deploy.recipe.catalog import model_paths
 from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
@@ -127,18 +129,21 @@ def test_tampered_pushed_file_and_image_are_refused(
     if not blob.exists():  # pull needs a local engine for the image; fetch the model alone
         code = (
             "from pathlib import Path; from tensorless_deploy.recipe import load_catalog;"
-            "from tensorless_deploy.local.run import fetch_model, hub_cache_dir;"
+            "from tensorless_deploy.local.fetch import fetch_model;"
+            "from tensorless_deploy.hub import cache_dir;"
             f"r=load_catalog(Path({str(setting['cat'])!r})).find('tiny')[0].recipe;"
-            "fetch_model(r, hub_cache_dir())"
+            "fetch_model(r, cache_dir())"
         )
         subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, check=True)
     assert blob.exists(), proc.stderr
     data = bytearray(blob.read_bytes())
     data[300_000] ^= 0xFF
     blob.write_bytes(bytes(data))
-    stamp = tmp / "hub" / ".tensorless" / f"{sha}.verified"
+    recipe = load_catalog(setting["cat"]).find("tiny")[0].recipe
+    paths = model_paths(str(tmp / "hub"), recipe)
+    stamp = Path(paths.stamp)
     st = blob.stat()
-    stamp.write_text(f"{st.st_size} {int(st.st_mtime)}\n")
+    stamp.write_text(paths.stamp_text(st.st_size, int(st.st_mtime)) + "\n")
     rc, host = _deploy(setting["inv"], setting["cat"], env, "--transfer", "push")
     assert rc == 1 and host["outcome"] == "failed"
     out = " ".join(line for s in host["steps"] for line in s["output"])

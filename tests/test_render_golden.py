@@ -20,11 +20,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tensorless_deploy.launch.container import FORMATS, container_options, run_argv, run_flags
 from tensorless_deploy.launch.render import (
     RenderError,
     render_quadlet,
@@ -34,6 +36,7 @@ from tensorless_deploy.launch.render import (
     sd_raw_words,
     sd_value,
     sd_word,
+    sd_words,
 )
 from tensorless_deploy.launch.spec import LaunchSpec
 from tests.render_cases import INPUT, Case, cases, recipe_for, rendered_files, spec_for
@@ -107,13 +110,73 @@ def test_docker_gpus_is_one_csv_field() -> None:
     assert ' "--gpus" "\\"device=GPU-11111111-2222-3333-4444-555555555555,GPU-' in many
     for case in ("service-docker", "multi-gpu-docker"):
         data = next(c for c in CASES if c.name == case).data
-        args = spec_for(data).engine_run_args()
+        args = run_flags(container_options(spec_for(data), health=True))
         value = args[args.index("--gpus") + 1]
         # read as docker reads it (Go encoding/csv, one record): one field, every id in it
         (field,) = next(csv.reader([value]))
         assert field == "device=" + ",".join(data["spec"]["gpu_uuids"])
     quad = _golden("multi-gpu-quadlet", ".container")
     assert quad.count("\nAddDevice=nvidia.com/gpu=GPU-") == 2
+
+
+def _unit_words(line: str) -> list[str]:
+    """A unit's command line read back as systemd reads it: double-quoted words with \\ and \"
+    escaped, %% and $$ doubled."""
+    return [w.replace("%%", "%").replace("$$", "$") for w in shlex.split(line)]
+
+
+def _flag_pairs(argv: list[str], image: str) -> set[tuple[str, str]]:
+    """(kind, value) of every option before the image, read back through the flag table."""
+    by_flag = {f.flag: k for k, f in FORMATS.items()}
+    opts = argv[argv.index("--pull=never") + 1 : argv.index(image)]
+    assert len(opts) % 2 == 0, opts
+    return {(by_flag[opts[i]], opts[i + 1]) for i in range(0, len(opts), 2)}
+
+
+def _quadlet_pairs(text: str) -> set[tuple[str, str]]:
+    by_key = {f.key: k for k, f in FORMATS.items() if f.key}
+    out = set()
+    for line in text.split("[Container]\n", 1)[1].split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition("=")
+        if key not in by_key:
+            continue
+        kind = by_key[key]
+        if FORMATS[kind].escape == "word":
+            (value,) = _unit_words(value)
+        if kind == "no_new_privileges":
+            assert value == "true"
+            value = "no-new-privileges"
+        out.add((kind, value))
+    return out
+
+
+@pytest.mark.parametrize("case", ["quadlet-podman5", "escaping-quadlet", "multi-gpu-quadlet"])
+def test_one_option_set_rendered_three_ways(case: str) -> None:
+    """The quadlet, the plain unit and the foreground argv of one spec carry the same container
+    options (the foreground run leaves the health check to the launcher's own poll)."""
+    data = next(c for c in CASES if c.name == case).data
+    recipe = recipe_for(data)
+    spec = spec_for(data, recipe)
+    quadlet = render_quadlet(spec, digest="sha256:" + "0" * 64, notify_healthy=True).content
+    service = render_service(spec, digest="sha256:" + "0" * 64, engine_bin="/usr/bin/podman")
+    exec_start = next(
+        line.removeprefix("ExecStart=")
+        for line in service.content.splitlines()
+        if line.startswith("ExecStart=")
+    )
+    unit_argv = _unit_words(exec_start)
+    foreground = run_argv(spec, "podman", health=False)
+    from_quadlet = _quadlet_pairs(quadlet)
+    from_service = _flag_pairs(unit_argv, spec.image)
+    from_argv = _flag_pairs(foreground, spec.image)
+    health = {o for o in from_service if o[0].startswith("health_")}
+    assert health and from_quadlet == from_service == from_argv | health
+    assert {(o.kind, o.value) for o in container_options(spec, health=True)} == from_service
+    # the same image and llama-server argv after it, everywhere
+    assert unit_argv[unit_argv.index(spec.image) + 1 :] == list(spec.server_args)
+    assert foreground[foreground.index(spec.image) + 1 :] == list(spec.server_args)
+    assert f"Image={spec.image}\n" in quadlet
+    assert f"Exec={sd_words(spec.server_args)}\n" in quadlet
 
 
 def test_escaping_golden_values() -> None:

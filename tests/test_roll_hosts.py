@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tensorless_deploy.hub import DEFAULT_MODELS_DIR, host_state_dir
 from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
@@ -58,12 +59,13 @@ def test_roll_stops_at_the_first_failed_host(
     write_catalog(catalog, new_recipe)
     # gpu3 already "has" the v2 file, verified earlier, and it has rotted since: same size and
     # mtime as its stamp says, so deploy trusts it, and llama-server cannot load it
+    blob = f"{REPO_DIR}/blobs/{v2_sha}"
+    stamp = f"{host_state_dir(DEFAULT_MODELS_DIR)}/verified/{v2_sha}"  # where deploy stamps
     ssh(
         "gpu3",
-        f"mkdir -p {REPO_DIR}/blobs /var/lib/tensorless/models/.tensorless && "
-        f"head -c {len(v2_bytes)} /dev/urandom > {REPO_DIR}/blobs/{v2_sha} && "
-        f"echo \"$(stat -c '%s %Y' {REPO_DIR}/blobs/{v2_sha})\" > "
-        f"/var/lib/tensorless/models/.tensorless/{v2_sha}.verified",
+        f"mkdir -p {REPO_DIR}/blobs $(dirname {stamp}) && "
+        f"head -c {len(v2_bytes)} /dev/urandom > {blob} && "
+        f"echo \"$(stat -c '%s %Y' {blob}) {blob}\" > {stamp}",
     )
 
     proc = cli(*base, "--serial", "1", env=env)

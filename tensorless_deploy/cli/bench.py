@@ -5,23 +5,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tensorless_deploy.cli.catalog import catalog_from
+from tensorless_deploy.cli.common import catalog_from, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint
 from tensorless_deploy.errors import UsageError
-from tensorless_deploy.local.bench import (
-    BenchError,
-    Connect,
-    Summary,
-    compare,
-    measure,
-    over_channel,
-    receipt_toml,
-    summarise,
-    tcp,
-)
-from tensorless_deploy.recipe.catalog import Entry
+
+if TYPE_CHECKING:
+    from tensorless_deploy.cli import Command
+    from tensorless_deploy.local.bench import Connect, Summary
+    from tensorless_deploy.recipe.catalog import Entry
 
 
 def _target_url(url: str) -> tuple[str, int]:
@@ -36,6 +29,8 @@ def _target_url(url: str) -> tuple[str, int]:
 def _result(
     name: str, entry: Entry, summary: Summary, tuned: bool | None, args: argparse.Namespace
 ) -> dict[str, Any]:
+    from tensorless_deploy.local.bench import compare
+
     comps = compare(summary, entry.recipe, args.tolerance)
     return {
         "target": name,
@@ -89,6 +84,14 @@ def _print(res: dict[str, Any]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from tensorless_deploy.local.bench import (
+        BenchError,
+        measure,
+        receipt_toml,
+        summarise,
+        tcp,
+    )
+
     catalog = catalog_from(args)
     entries = catalog.find(args.model)
     entry = (
@@ -143,7 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(c["meets"] for r in results for c in r["comparisons"]) else 1
 
 
-Target = tuple[str, Connect, "bool | None", Any]
+Target = tuple[str, "Connect", "bool | None", Any]
 
 
 def _inventory_targets(
@@ -151,15 +154,13 @@ def _inventory_targets(
 ) -> list[Target]:
     """One target per host serving the recipe, each through an SSH direct-tcpip channel to the
     host's own 127.0.0.1 (or its bind address): the API never has to listen on the network."""
-    from tensorless_deploy.facts.deployed import DeployedUnits
-    from tensorless_deploy.fleet.hosts import (
-        disconnect,
-        load_inventory,
-        new_state,
-        on_each_host,
-        select_hosts,
-    )
+    from tensorless_deploy.decisions.options import DEFAULT_BIND, address, reach_host
+    from tensorless_deploy.facts.pyinfra import DeployedUnits
+    from tensorless_deploy.facts.values import LABEL_BIND, LABEL_PORT, LABEL_TUNED
+    from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
     from tensorless_deploy.launch.spec import unit_name
+    from tensorless_deploy.local.bench import over_channel
 
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])
@@ -177,16 +178,50 @@ def _inventory_targets(
             failed.append(f"{host.name}: {want} is not deployed here")
             continue
         labels = unit.container_labels or unit.unit_labels
-        port = int(labels.get("io.tensorless.port", "8080"))
-        bind = labels.get("io.tensorless.bind", "127.0.0.1")
-        bind = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-        tuned = {"true": True, "false": False}.get(labels.get("io.tensorless.tuned", ""))
+        port_text = labels.get(LABEL_PORT, "")
+        if not port_text.isdigit():
+            failed.append(f"{host.name}: {want} carries no {LABEL_PORT} label")
+            continue
+        port = int(port_text)
+        bind = reach_host(labels.get(LABEL_BIND, DEFAULT_BIND))
+        tuned = {"true": True, "false": False}.get(labels.get(LABEL_TUNED, ""))
         transport = host.connector.client.get_transport()
 
         def channel(t: Any = transport, b: str = bind, p: int = port) -> Any:
             return t.open_channel("direct-tcpip", (b, p), ("127.0.0.1", 0), timeout=10)
 
         targets.append(
-            (f"{host.name} ({bind}:{port} over ssh)", over_channel(channel), tuned, None)
+            (f"{host.name} ({address(bind, port)} over ssh)", over_channel(channel), tuned, None)
         )
     return targets
+
+
+def register(command: Command) -> None:
+    p = command("bench", "measure decode and prefill speed against the recipe's receipt", cmd_bench)
+    p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--local", action="store_true", help="the server on this machine (the default; see --port)"
+    )
+    where.add_argument(
+        "-i",
+        "--inventory",
+        metavar="INVENTORY",
+        help="every inventory host serving MODEL, through SSH",
+    )
+    where.add_argument("--url", metavar="URL", help="a server at http://HOST:PORT")
+    p.add_argument("--port", type=int, default=8080, metavar="N", help="local port (8080)")
+    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+    p.add_argument("--card", metavar="ID", help="the card's recipe (default: the model's first)")
+    p.add_argument("--runs", type=int, default=3, metavar="N", help="measured runs (default 3)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="how far below the receipt still meets it (default 0.10)",
+    )
+    p.add_argument(
+        "--receipt", action="store_true", help="print the [receipt] table for the measured numbers"
+    )
+    recipes_flag(p)

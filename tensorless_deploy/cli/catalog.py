@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tensorless_deploy.cli.common import catalog_from, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint, table
-from tensorless_deploy.recipe import Catalog, Entry, builtin_recipes_dir, load_catalog
+from tensorless_deploy.recipe import Entry, builtin_recipes_dir, load_catalog
+
+if TYPE_CHECKING:
+    from tensorless_deploy.cli import Command
 
 MEASURE_ORDER = ("short", "ctx_4k", "ctx_32k", "ctx_65k")
 
@@ -18,11 +22,6 @@ def ordered_measurements(values: dict[str, float]) -> list[tuple[str, float]]:
     known = [(k, values[k]) for k in MEASURE_ORDER if k in values]
     rest = sorted((k, v) for k, v in values.items() if k not in MEASURE_ORDER)
     return known + rest
-
-
-def catalog_from(args: argparse.Namespace) -> Catalog:
-    recipes: Path | None = getattr(args, "recipes", None)
-    return load_catalog(recipes)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -148,3 +147,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(info_text(e) for e in entries))
     return 0
+
+
+def register(command: Command) -> None:
+    p = command(
+        "check", "validate a recipes directory (exit 1 when any recipe is refused)", cmd_check
+    )
+    p.add_argument(
+        "dir",
+        nargs="?",
+        type=Path,
+        metavar="DIR",
+        help="recipes directory (default: the built-in catalog)",
+    )
+    p = command("models", "list the recipes: one row per model and card", cmd_models)
+    recipes_flag(p)
+    p = command(
+        "info", "show every value of a model's recipes before anything is downloaded", cmd_info
+    )
+    p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+    p.add_argument("--card", metavar="ID", help="only this card's recipe")
+    recipes_flag(p)

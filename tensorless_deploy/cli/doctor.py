@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tensorless_deploy.cli.catalog import catalog_from
+from tensorless_deploy.cli.common import catalog_from, flags_from, hosts_flags, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint, table
-from tensorless_deploy.decisions.checks import Existing, Options
-from tensorless_deploy.fleet.hosts import (
-    HostOutcome,
-    disconnect,
-    load_inventory,
-    new_state,
-    select_hosts,
-    survey_hosts,
-)
-from tensorless_deploy.hostplan.doctor import HostReport, host_report, report_json
-from tensorless_deploy.recipe.catalog import Catalog, Entry
+
+if TYPE_CHECKING:
+    from tensorless_deploy.cli import Command
+    from tensorless_deploy.hostplan.doctor import HostReport
 
 MARK = {"ok": ("ok", "32"), "warn": ("warn", "33"), "fail": ("FAIL", "1;31")}
 DETAIL_ALL_UP_TO = 4  # hosts; beyond this, one line per host and details for failures only
@@ -30,11 +22,17 @@ def _host_text(r: HostReport, details: bool) -> list[str]:
     if r.error:
         return [f"{head}  {r.error}"]
     lines = [head]
-    for m in r.results:
-        v = m.verdict
-        if m.model:
-            card = f" on {m.entry.recipe.card.id}" if m.entry else ""
-            lines.append(f"  {m.model}{card}: " + ("ok" if v.ok else "refused"))
+    for p in r.plans:
+        v = p.verdict
+        if p.model:
+            card = f" on {p.card}" if p.card else ""
+            ok = v.ok and not p.problem and bool(p.instances)
+            where = ", ".join(i.spec.address for i in p.instances)
+            lines.append(
+                f"  {p.model}{card}: " + (f"ok, would serve on {where}" if ok else "refused")
+            )
+            if p.problem:
+                lines.append(f"    {p.problem}")
         elif v.servable:
             lines.append("  can serve: " + ", ".join(v.servable))
         else:
@@ -51,52 +49,20 @@ def _host_text(r: HostReport, details: bool) -> list[str]:
     return lines
 
 
-def _reports(
-    state: Any,
-    hosts: Sequence[Any],
-    outcomes: Sequence[HostOutcome],
-    catalog: Catalog,
-    models: Sequence[str],
-) -> list[HostReport]:
-    """Each host's report, all hosts in parallel. With MODEL, what deploy already put on the
-    host (its unit, the model file) is read as deploy reads it: read-only."""
-    import gevent
-    from pyinfra.api.exceptions import PyinfraError
-
-    from tensorless_deploy.fleet.deploy import existing_on_host
-
-    by_name = {h.name: h for h in hosts}
-
-    def one(o: HostOutcome) -> HostReport:
-        if o.facts is None or not models:
-            return host_report(o, catalog, models)
-
-        def existing(entry: Entry) -> Existing:
-            return existing_on_host(state, by_name[o.name], entry, o.options)
-
-        try:
-            return host_report(o, catalog, models, existing)
-        except PyinfraError as exc:
-            return HostReport(o.name, f"cannot read facts: {exc}", ())
-
-    jobs = [gevent.spawn(one, o) for o in outcomes]
-    gevent.joinall(jobs, raise_error=True)
-    return [job.get() for job in jobs]
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.connect import new_state, survey_hosts
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.hostplan.doctor import host_report, report_json
+
     catalog = catalog_from(args)
     for model in args.models:
         catalog.find(model)  # an unknown model is a usage problem before any host is touched
-    base = Options(port=args.port, bind=args.bind, allow_draft=args.allow_draft, local=args.local)
+    flags = flags_from(args)
     inventory = load_inventory(args.inventory, args.local)
     hosts = select_hosts(inventory, args.limit or [])
     state = new_state(inventory)
-    outcomes = survey_hosts(state, hosts, base, keep_connected=True)
-    try:
-        reports = _reports(state, hosts, outcomes, catalog, args.models)
-    finally:
-        disconnect(hosts)
+    surveyed = survey_hosts(state, hosts, flags, local=args.local)
+    reports = [host_report(s, catalog, args.models) for s in surveyed]
     if args.json:
         emit_json(report_json(reports))
     else:
@@ -107,3 +73,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         summary = f"{len(reports) - len(bad)} of {len(reports)} host(s) ready"
         print(summary + (f"; not ready: {', '.join(bad)}" if bad else ""), file=sys.stderr)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def register(command: Command) -> None:
+    p = command(
+        "doctor", "check hosts read-only, with the command that fixes each problem", cmd_doctor
+    )
+    hosts_flags(p)
+    p.add_argument(
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help="repo ids or short names (default: readiness, and what each host can serve)",
+    )
+    p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
+    p.add_argument(
+        "--port", type=int, metavar="N", help="serving port (default: tensorless_port, else 8080)"
+    )
+    p.add_argument(
+        "--bind",
+        metavar="ADDR",
+        help="serving address (default: tensorless_bind, else 127.0.0.1)",
+    )
+    recipes_flag(p)

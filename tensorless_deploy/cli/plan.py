@@ -4,119 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from tensorless_deploy.cli.catalog import catalog_from
+from tensorless_deploy.cli.common import catalog_from, flags_from, hosts_flags, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint, table
-from tensorless_deploy.decisions.checks import Options
-from tensorless_deploy.decisions.placement import (
-    MARGIN,
-    HeaderKey,
-    HeaderResult,
-    ModelPlan,
-    Placement,
-    PlanHost,
-    PlanOptions,
-    header_key,
-    plan,
-    plan_json,
-)
-from tensorless_deploy.errors import TensorlessError, UsageError
-from tensorless_deploy.recipe.catalog import Entry
+from tensorless_deploy.errors import UsageError
 
-HEADER_THREADS = 8
+if TYPE_CHECKING:
+    from tensorless_deploy.cli import Command
+    from tensorless_deploy.hostplan.placement import ModelPlan, Placement
+    from tensorless_deploy.recipe.catalog import Entry
+
 # Above this many rows --json is written compact (one line): the C encoder is ten times faster
 # than the indenting one (21 MB for 1,000 hosts x 20 recipes: 0.4 s against 6 s).
 JSON_INDENT_MAX_ROWS = 2000
-
-
-def header_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/tensorless-deploy/headers (default ~/.cache/...)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tensorless-deploy" / "headers"
-
-
-def read_headers(
-    keys: Sequence[HeaderKey], cache_dir: Path | None, endpoint: str | None = None
-) -> dict[HeaderKey, HeaderResult]:
-    """Each (repo, revision, file) header once, in parallel, through the per-commit cache. A
-    token (huggingface_hub's) is looked up only when the server asks for one."""
-    from tensorless_deploy.gguf.header import HeaderError, read_hub_header
-    from tensorless_deploy.hub import endpoint as hf_endpoint
-
-    base = endpoint or hf_endpoint()
-    cache = cache_dir
-    if cache is not None:
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            cache = None  # planning still works, it only reads the headers again next time
-
-    def one(key: HeaderKey) -> HeaderResult:
-        repo, revision, filename = key
-        try:
-            try:
-                h = read_hub_header(repo, revision, filename, endpoint=base, cache_dir=cache)
-            except HeaderError as exc:
-                if "HTTP 401" not in exc.message and "HTTP 403" not in exc.message:
-                    raise
-                from huggingface_hub import get_token
-
-                token = get_token()
-                if not token:
-                    fix = "log in with `hf auth login` or set HF_TOKEN (gated or private repo)"
-                    raise HeaderError(exc.message, fix=fix) from None
-                h = read_hub_header(
-                    repo, revision, filename, token=token, endpoint=base, cache_dir=cache
-                )
-        except TensorlessError as exc:
-            return HeaderResult(None, exc.lines()[0])
-        return HeaderResult(h, None, cached=h.bytes_fetched == 0)
-
-    unique = list(dict.fromkeys(keys))
-    if not unique:
-        return {}
-    with ThreadPoolExecutor(min(HEADER_THREADS, len(unique))) as pool:
-        return dict(zip(unique, pool.map(one, unique), strict=True))
-
-
-def offline_hosts(hosts: Sequence[Any]) -> list[PlanHost]:
-    """Host facts from inventory data (tensorless_gpus), without connecting."""
-    from tensorless_deploy.facts import host_facts_from_inventory
-    from tensorless_deploy.fleet.hosts import DATA_GPUS
-
-    out = []
-    for h in hosts:
-        gpus = getattr(h.data, DATA_GPUS, None)
-        if gpus is None:
-            out.append(
-                PlanHost(
-                    h.name,
-                    None,
-                    f"--offline: no {DATA_GPUS} in its inventory data "
-                    "(add it, or plan without --offline)",
-                )
-            )
-            continue
-        try:
-            out.append(PlanHost(h.name, host_facts_from_inventory({"gpus": gpus})))
-        except TensorlessError as exc:
-            out.append(PlanHost(h.name, None, f"{DATA_GPUS}: {exc.message}"))
-    return out
-
-
-def surveyed_hosts(inventory: Any, hosts: Sequence[Any], local: bool) -> list[PlanHost]:
-    from tensorless_deploy.fleet.hosts import new_state, survey_hosts
-
-    state = new_state(inventory)
-    outcomes = survey_hosts(state, hosts, Options(local=local))
-    return [PlanHost(o.name, o.facts, o.error) for o in outcomes]
 
 
 def _mib(n: int | None) -> str:
@@ -191,29 +95,37 @@ def _text(mp: ModelPlan, verbose: int) -> list[str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.connect import new_state, survey_hosts
+    from tensorless_deploy.fleet.inventory import load_inventory, offline_hosts, select_hosts
+    from tensorless_deploy.hostplan.placement import (
+        MARGIN,
+        PlanOptions,
+        header_key,
+        plan,
+        plan_json,
+    )
+    from tensorless_deploy.local.headers import header_cache_dir, read_headers
+
     t0 = time.perf_counter()
     if args.offline and args.local:
         raise UsageError("--offline plans from inventory data: use -i INVENTORY, not --local")
-    if args.context is not None and args.context <= 0:
-        raise UsageError(f"--context {args.context}: must be positive")
+    flags = flags_from(args)
     catalog = catalog_from(args)
     models: dict[str, list[Entry]] = {}
     for name in args.models:
         entries = catalog.find(name)  # an unknown model is a usage problem before any host
         models.setdefault(entries[0].recipe.model.hf_repo, entries)
-    from tensorless_deploy.fleet.hosts import load_inventory, select_hosts
-
     inventory = load_inventory(args.inventory, args.local)
     hosts = select_hosts(inventory, args.limit or [])
     keys = [header_key(e.recipe) for entries in models.values() for e in entries]
     with ThreadPoolExecutor(1) as pool:  # headers over HTTP while SSH surveys the hosts
         pending = pool.submit(read_headers, keys, header_cache_dir())
         if args.offline:
-            plan_hosts = offline_hosts(hosts)
+            plan_hosts = offline_hosts(hosts, flags)
         else:
-            plan_hosts = surveyed_hosts(inventory, hosts, args.local)
+            plan_hosts = survey_hosts(new_state(inventory), hosts, flags, local=args.local)
         headers = pending.result()
-    options = PlanOptions(context=args.context, allow_draft=args.allow_draft)
+    options = PlanOptions(context=flags.context, allow_draft=flags.allow_draft)
     t_plan = time.perf_counter()
     plans = plan(list(models.items()), plan_hosts, headers, options)
     planning_s = time.perf_counter() - t_plan
@@ -240,3 +152,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0 if all(mp.placed for mp in plans) else 1
+
+
+def register(command: Command) -> None:
+    p = command(
+        "plan",
+        "where each model fits, per host and GPU: the largest context, KV bytes per token, "
+        "memory needed vs free, or why not (exit 1 when a model has no placement)",
+        cmd_plan,
+    )
+    hosts_flags(p)
+    p.add_argument("models", nargs="+", metavar="MODEL", help="repo ids or short names")
+    p.add_argument(
+        "--context",
+        type=int,
+        metavar="N",
+        help="does context N fit (instead of the recipe's; untuned)",
+    )
+    p.add_argument(
+        "--offline", action="store_true", help="plan from inventory data (tensorless_gpus), no SSH"
+    )
+    p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
+    recipes_flag(p)

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from tensorless_deploy.cli.catalog import catalog_from
-from tensorless_deploy.cli.deploy import print_results, result_json
+from tensorless_deploy.cli.common import (
+    catalog_from,
+    flags_from,
+    hosts_flags,
+    print_results,
+    recipes_flag,
+    result_json,
+)
 from tensorless_deploy.cli.output import emit_json, paint, table
-from tensorless_deploy.decisions.checks import Options
-from tensorless_deploy.fleet.deploy import fleet_status, stop
-from tensorless_deploy.fleet.hosts import load_inventory, select_hosts
+
+if TYPE_CHECKING:
+    from tensorless_deploy.cli import Command
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.status import fleet_status
+
     catalog = catalog_from(args)
     inventory = load_inventory(args.inventory, args.local)
     hosts = select_hosts(inventory, args.limit or [])
@@ -54,11 +64,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.status import stop
+
     catalog = catalog_from(args)
     catalog.find(args.model)
     inventory = load_inventory(args.inventory, args.inventory is None)
     hosts = select_hosts(inventory, args.limit or [])
-    results = stop(inventory, hosts, catalog, args.model, args.purge, Options())
+    results = stop(inventory, hosts, catalog, args.model, args.purge, flags_from(args))
     if args.json:
         emit_json({"ok": all(r.ok for r in results), "hosts": [result_json(r) for r in results]})
     else:
@@ -67,3 +80,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
         if bad:
             print(f"failed: {', '.join(bad)}", file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1
+
+
+def register(command: Command) -> None:
+    p = command("status", "what each host serves: model, port, health, tuning, drift", cmd_status)
+    hosts_flags(p)
+    recipes_flag(p)
+    p = command("stop", "stop and remove a model's unit (on this machine without -i)", cmd_stop)
+    p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
+    p.add_argument(
+        "-i", "--inventory", metavar="INVENTORY", help="pyinfra inventory file (default: here)"
+    )
+    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+    p.add_argument("--purge", action="store_true", help="also remove the model file")
+    recipes_flag(p)

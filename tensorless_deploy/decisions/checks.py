@@ -1,5 +1,6 @@
-"""Layer 3: pure verdicts from (recipe, host facts, operator options). doctor, plan, deploy and
-run all ask here, so they can never disagree about a host."""
+"""The checks of a host against a recipe (pure): each with its stable id, what was seen, and the
+command that fixes it. The host plan (hostplan.plan) is their one caller for serving decisions,
+so doctor, plan, deploy and run read the same verdict."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tensorless_deploy.decisions.options import EngineChoice, Options, address
 from tensorless_deploy.facts.values import Gpu, HostFacts
 from tensorless_deploy.recipe.schema import Recipe
 
 Status = Literal["ok", "warn", "fail"]
 Action = Literal["run", "dry_run"]
 EngineName = Literal["podman", "docker"]
-EngineChoice = Literal["auto", "podman", "docker"]
 
 # Disk: the model file plus room for its partial download's filesystem overhead and logs.
 DISK_MARGIN_BYTES = 1 << 30
@@ -132,23 +133,12 @@ class Check:
 
 
 @dataclass(frozen=True)
-class Options:
-    """What the operator chose for a host (inventory data, then flags)."""
-
-    port: int = 8080
-    bind: str = "127.0.0.1"
-    models_dir: str = "/var/lib/tensorless/models"
-    engine: EngineChoice = "auto"
-    allow_draft: bool = False
-    local: bool = False  # this machine: `run` needs no systemd
-
-
-@dataclass(frozen=True)
 class Existing:
-    """What tensorless-deploy already put on the host for this recipe."""
+    """What tensorless-deploy already put on the host, as it bears on one plan."""
 
-    unit_present: bool = False  # its own unit: the port it holds is not "taken"
+    own_units: tuple[str, ...] = ()  # the plan's own units already there: their ports are ours
     model_present: bool = False  # the model file is there: no disk space needed
+    port_units: tuple[tuple[int, str], ...] = ()  # (port, unit) of every unit of ours there
 
 
 @dataclass(frozen=True)
@@ -467,25 +457,54 @@ def _disk_check(facts: HostFacts, recipe: Recipe, existing: Existing) -> list[Ch
     ]
 
 
-def _port_check(facts: HostFacts, options: Options, existing: Existing) -> list[Check]:
-    taken = facts.port_taken(options.port, options.bind)
-    if taken is None:
-        return []
-    where = f"{options.bind}:{options.port}"
-    if not taken:
-        return [Check("port.free", "ok", f"{where} is free")]
-    if existing.unit_present:
-        return [Check("port.free", "ok", f"{where} is held by this recipe's own unit")]
-    by = ", ".join(f"{t.address}:{t.port}" for t in taken)
-    return [
-        Check(
-            "port.free",
-            "fail",
-            f"{where} is taken (listening: {by})",
-            f"stop what listens there (sudo ss -ltnp 'sport = :{options.port}'), or set another "
-            "port for this host (tensorless_port = N in the inventory, or --port N)",
-        )
-    ]
+def _port_check(
+    facts: HostFacts, options: Options, existing: Existing, ports: Sequence[int], readiness: bool
+) -> list[Check]:
+    """One check for every port the plan serves on (one per instance)."""
+    seen: list[str] = []
+    for port in ports:
+        taken = facts.port_taken(port, options.bind)
+        if taken is None:
+            return []
+        where = address(options.bind, port)
+        holder = next((name for p, name in existing.port_units if p == port), None)
+        if not taken:
+            seen.append(f"{where} is free")
+        elif holder is not None and holder in existing.own_units:
+            seen.append(f"{where} is held by this recipe's own unit {holder}")
+        elif holder is not None and readiness:
+            seen.append(f"{where} is held by {holder}, deployed by tensorless-deploy")
+        elif holder is not None:
+            return [
+                Check(
+                    "port.free",
+                    "fail",
+                    f"{where} is held by {holder}, another unit of tensorless-deploy",
+                    "stop it (tensorless-deploy stop MODEL), or set another port for this host "
+                    "(tensorless_port = N in the inventory, or --port N)",
+                )
+            ]
+        else:
+            by = ", ".join(f"{t.address}:{t.port}" for t in taken)
+            return [
+                Check(
+                    "port.free",
+                    "fail",
+                    f"{where} is taken (listening: {by})",
+                    f"stop what listens there (sudo ss -ltnp 'sport = :{port}'), or set another "
+                    "port for this host (tensorless_port = N in the inventory, or --port N)",
+                )
+            ]
+    return [Check("port.free", "ok", "; ".join(seen))] if seen else []
+
+
+def _servable(
+    facts: HostFacts, recipe: Recipe | None, catalog: Sequence[tuple[str, Recipe]]
+) -> tuple[str, ...]:
+    """Without a recipe: the catalog's recipes whose card a GPU here matches, driver new enough."""
+    if recipe is not None or facts.gpus.state != "ok":
+        return ()
+    return tuple(path for path, r in catalog if match_gpus(r, facts.gpus.gpus).usable)
 
 
 def host_verdict(
@@ -494,8 +513,10 @@ def host_verdict(
     options: Options,
     catalog: Sequence[tuple[str, Recipe]] = (),
     existing: Existing = Existing(),
+    ports: Sequence[int] | None = None,
 ) -> Verdict:
-    """Every check, in order. Without a recipe: readiness, and which catalog recipes fit."""
+    """Every check, in order. Without a recipe: readiness, and which catalog recipes fit.
+    ports: where the plan serves (default: the option's one port)."""
     checks: list[Check] = [Check(p.split(":", 1)[0] + ".read", "warn", p) for p in facts.problems]
     checks += _systemd_check(facts, options)
     match = None
@@ -514,6 +535,10 @@ def host_verdict(
         card_checks, match = _card_checks(facts, recipe)
         checks += card_checks
     checks += _device_checks(facts)
+    engine: EngineName | None = None
+    if facts.source == "inventory":
+        # offline: inventory data says only what the GPUs are; the rest is unknown, not failed
+        return Verdict(tuple(checks), match, None, _servable(facts, recipe, catalog))
     engine_checks, engine = _engine_checks(facts, options)
     checks += engine_checks
     if facts.gpus.state == "ok":
@@ -524,26 +549,12 @@ def host_verdict(
     checks += _selinux_check(facts)
     if recipe is not None:
         checks += _disk_check(facts, recipe, existing)
-    checks += _port_check(facts, options, existing)
+    checks += _port_check(
+        facts, options, existing, [options.port] if ports is None else ports, recipe is None
+    )
     if facts.cpus is not None:
         checks.append(Check("cpu.count", "ok", f"{facts.cpus} CPUs"))
-    servable: tuple[str, ...] = ()
-    if recipe is None:
-        servable = tuple(
-            path
-            for path, r in catalog
-            if facts.gpus.state == "ok" and match_gpus(r, facts.gpus.gpus).usable
-        )
-    return Verdict(tuple(checks), match, engine, servable)
-
-
-def choose_recipe(recipes: Sequence[Recipe], facts: HostFacts) -> Recipe | None:
-    """The model's recipe for a card this host has (driver not considered: that is a check of
-    its own, with the driver to install)."""
-    for recipe in recipes:
-        if any(gpu_fits_card(g, recipe) for g in facts.gpus.gpus):
-            return recipe
-    return None
+    return Verdict(tuple(checks), match, engine, _servable(facts, recipe, catalog))
 
 
 def no_card_verdict(

@@ -19,10 +19,13 @@ from .errors import FactError
 from .values import (
     CDI_GPU_KIND,
     COMPUTE_CAP,
+    LABEL_PREFIX,
+    BlobState,
     CdiReport,
     CdiSpec,
     CharLink,
     ContainerToolkit,
+    DeployedUnit,
     DeviceNode,
     DiskSpace,
     Docker,
@@ -30,10 +33,13 @@ from .values import (
     GpuReport,
     InitSystem,
     Listener,
+    ModelBlobFile,
     NvidiaDevices,
     Podman,
     Selinux,
     SelinuxMode,
+    ToolState,
+    ToolUnit,
     Version,
 )
 
@@ -507,3 +513,140 @@ def parse_ss(output: str, exit_code: int) -> tuple[Listener, ...]:
         if listener is not None:
             listeners.append(listener)
     return tuple(listeners)
+
+
+def parse_engine_paths(output: str) -> dict[str, str]:
+    """``command -v podman docker``: engine name -> absolute path, for those found."""
+    paths: dict[str, str] = {}
+    for line in _lines(output):
+        if line.startswith("/") and " " not in line:
+            paths.setdefault(posixpath.basename(line), line)
+    return paths
+
+
+_UNIT_FILE = re.compile(r"/(tensorless-[A-Za-z0-9._@-]+)\.(container|service)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_tool_state(output: str, exit_code: int) -> ToolState:
+    """The survey's ``tensorless`` section: lines ``@unit SHA256 PATH`` (then ``@label K=V`` and
+    ``@health CODE`` for it), ``@blob SIZE MTIME PATH`` (then ``@stamp TEXT``), ``@image REF``
+    and ``@images-ok ENGINE`` once that engine listed its images."""
+    if exit_code != 0:
+        raise FactError(f"tool state: the survey section exited {exit_code}: {output.strip()}")
+    units: list[dict[str, Any]] = []
+    blobs: list[dict[str, Any]] = []
+    images: list[str] = []
+    images_engine: str | None = None
+    last: str | None = None  # which list the next @label/@health/@stamp belongs to
+    for line in output.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "@unit":
+            sha, _, path = rest.partition(" ")
+            m = _UNIT_FILE.search(path)
+            if not _SHA256.fullmatch(sha) or m is None or not path.endswith(m.group(0)):
+                raise FactError(f"tool state: unreadable unit line {line!r}")
+            kind = "quadlet" if m.group(2) == "container" else "service"
+            units.append(
+                {"path": path, "name": m.group(1), "kind": kind, "sha256": sha, "labels": {}}
+            )
+            last = "unit"
+        elif word == "@label" and last == "unit":
+            key, eq, value = rest.partition("=")
+            if eq and key.startswith(LABEL_PREFIX + "."):
+                units[-1]["labels"].setdefault(key, value)
+        elif word == "@health" and last == "unit":
+            units[-1]["health"] = int(rest) if rest.strip().isdigit() else 0
+        elif word == "@blob":
+            size, mtime, path = [*rest.split(" ", 2), "", ""][:3]
+            name = posixpath.basename(path)
+            if not (size.isdigit() and mtime.isdigit() and _SHA256.fullmatch(name)):
+                last = None  # not a blob this tool names (huggingface_hub's own, a partial)
+                continue
+            blobs.append(
+                {
+                    "path": path,
+                    "sha256": name,
+                    "size": int(size),
+                    "mtime": int(mtime),
+                    "stamp": None,
+                }
+            )
+            last = "blob"
+        elif word == "@stamp" and last == "blob":
+            blobs[-1]["stamp"] = rest.strip() or None
+        elif word == "@image":
+            images.append(rest.strip())
+        elif word == "@images-ok":
+            images_engine = rest.strip() or None
+    return ToolState(
+        units=tuple(ToolUnit(**u) for u in units),
+        blobs=tuple(ModelBlobFile(**b) for b in blobs),
+        images=tuple(i for i in images if "@sha256:" in i) if images_engine else None,
+        images_engine=images_engine,
+    )
+
+
+def parse_blob_state(text: str) -> BlobState:
+    """Three lines: "size mtime path" or "missing", the stamp (may be empty), the link target."""
+    lines = [*text.splitlines(), "", "", ""][:3]
+    head = lines[0].split(" ", 2)
+    stamp = lines[1].strip() or None
+    link = lines[2].strip() or None
+    if len(head) != 3 or not all(p.isdigit() for p in head[:2]):
+        return BlobState(False, None, None, stamp, link)
+    return BlobState(True, int(head[0]), int(head[1]), stamp, link, head[2])
+
+
+_LABEL_LINE = re.compile(r'(?:Label=|--label" ")"?(io\.tensorless\.[a-z-]+)=([^"\s]*)')
+
+
+def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
+    """Blocks of `@@unit NAME KIND`, `@@active`, unit file lines, `@@inspect JSON`, `@@health`."""
+    units: list[DeployedUnit] = []
+    cur: dict[str, Any] | None = None
+
+    def close() -> None:
+        if cur is not None:
+            units.append(DeployedUnit(**cur))
+
+    for line in text.splitlines():
+        if line.startswith("@@unit "):
+            close()
+            _, name, kind = [*line.split(), "", ""][:3]
+            cur = {
+                "name": name,
+                "kind": kind,
+                "active": "unknown",
+                "unit_labels": {},
+                "container_labels": {},
+                "image": None,
+                "image_id": None,
+                "health": 0,
+            }
+        elif cur is None:
+            continue
+        elif line.startswith("@@active "):
+            cur["active"] = line.split(" ", 1)[1].strip() or "unknown"
+        elif line.startswith("@@inspect "):
+            fields = line.split(" ", 1)[1].split("\t")
+            if len(fields) != 3:
+                continue
+            try:
+                labels = json.loads(fields[0])
+            except ValueError:
+                continue
+            if isinstance(labels, dict):
+                cur["container_labels"] = {
+                    k: str(v) for k, v in labels.items() if k.startswith(LABEL_PREFIX + ".")
+                }
+                cur["image"] = fields[1].strip() or None
+                cur["image_id"] = fields[2].strip() or None
+        elif line.startswith("@@health "):
+            code = line.split(" ", 1)[1].strip()
+            cur["health"] = int(code) if code.isdigit() else 0
+        else:
+            for m in _LABEL_LINE.finditer(line):
+                cur["unit_labels"][m.group(1)] = m.group(2)
+    close()
+    return tuple(units)

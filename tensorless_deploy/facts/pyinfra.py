@@ -8,16 +8,20 @@ cannot be read at all becomes pyinfra's FactProcessError, which pyinfra reports 
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
+from tensorless_deploy import shell
+from tensorless_deploy.hub import DEFAULT_MODELS_DIR
+
 from .errors import FactError
+from .parsers import parse_blob_state, parse_deployed_units
 from .survey import (
     DEFAULT_CDI_DIRS,
-    DEFAULT_MODELS_DIR,
     Section,
     SectionOutput,
     all_sections,
@@ -46,9 +50,11 @@ from .survey import (
     toolkit_sections,
 )
 from .values import (
+    BlobState,
     CdiSpec,
     ContainerEngines,
     ContainerToolkit,
+    DeployedUnit,
     DiskSpace,
     GpuReport,
     HostFacts,
@@ -196,14 +202,97 @@ class HostSurvey(FactBase[HostFacts]):
         return _process(output, host_facts_from_survey)
 
 
+# --- what this tool put there, read by its operations, status and bench ----------------------
+
+
+def _one(output: Iterable[str]) -> str:
+    return "\n".join(output).strip()
+
+
+class ImagePresent(FactBase[bool]):
+    """Whether the engine already holds the image (by digest)."""
+
+    def command(self, engine_bin: str, image: str) -> str:
+        check = "image exists" if engine_bin.endswith("podman") else "image inspect"
+        return (
+            f"{shlex.quote(engine_bin)} {check} {shlex.quote(image)} >/dev/null 2>&1 "
+            "&& echo yes || echo no"
+        )
+
+    def process(self, output: Iterable[str]) -> bool:
+        return _one(output) == "yes"
+
+
+class ModelBlob(FactBase[BlobState]):
+    """`stat` of the blob, its verification stamp, and the snapshot link's target."""
+
+    def command(self, blob: str, stamp: str, snapshot: str) -> str:
+        b, s, n = shlex.quote(blob), shlex.quote(stamp), shlex.quote(snapshot)
+        return (
+            f"stat -c '%s %Y %n' {b} 2>/dev/null || echo missing; "
+            f'echo "$(cat {s} 2>/dev/null)"; echo "$(readlink {n} 2>/dev/null)"'
+        )
+
+    def process(self, output: Iterable[str]) -> BlobState:
+        return parse_blob_state("\n".join(output))
+
+
+class FileSha256(FactBase["str | None"]):
+    """The sha256 of a file, or None when it does not exist."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f"if [ -f {p} ]; then (openssl dgst -sha256 -r {p} 2>/dev/null || sha256sum {p}) "
+            "| cut -d' ' -f1; else echo none; fi"
+        )
+
+    def process(self, output: Iterable[str]) -> str | None:
+        value = _one(output)
+        return None if value in ("", "none") else value
+
+
+class HttpStatus(FactBase[int]):
+    """The HTTP status a GET of url answers on the host (0: no connection)."""
+
+    def command(self, url: str, head: bool = False) -> str:
+        return (
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {'-I ' if head else ''}"
+            f"{shlex.quote(url)} 2>/dev/null || true"
+        )
+
+    def process(self, output: Iterable[str]) -> int:
+        text = _one(output)
+        return int(text) if text.isdigit() else 0
+
+
+class DeployedUnits(FactBase[tuple[DeployedUnit, ...]]):
+    """Every unit tensorless-deploy wrote on the host, with what runs from it."""
+
+    @staticmethod
+    def default() -> tuple[DeployedUnit, ...]:
+        return ()  # no output: no unit of ours on the host
+
+    def command(self) -> str:
+        return shell.load("tensorless_deploy.facts", "deployed-units")
+
+    def process(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
+        return parse_deployed_units("\n".join(output))
+
+
 __all__: list[str] = [
     "CdiSpecs",
     "ContainerEngineVersions",
     "CpuCount",
+    "DeployedUnits",
+    "FileSha256",
     "FreeDisk",
     "HostSurvey",
+    "HttpStatus",
+    "ImagePresent",
     "InitProcess",
     "ListeningPorts",
+    "ModelBlob",
     "NvidiaContainerToolkit",
     "NvidiaDeviceNodes",
     "NvidiaGpus",

@@ -12,6 +12,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tensorless_deploy import shell
+from tensorless_deploy.hub import DEFAULT_MODELS_DIR, host_state_dir
+
 from .errors import FactError
 from .parsers import (
     NVIDIA_SMI_QUERY,
@@ -20,6 +23,7 @@ from .parsers import (
     parse_cdi_dump,
     parse_df,
     parse_docker_version,
+    parse_engine_paths,
     parse_nproc,
     parse_nvidia_ctk_version,
     parse_nvidia_smi,
@@ -28,6 +32,7 @@ from .parsers import (
     parse_quadlet_path,
     parse_selinux,
     parse_ss,
+    parse_tool_state,
 )
 from .values import (
     CdiReport,
@@ -42,11 +47,11 @@ from .values import (
     NvidiaDevices,
     Selinux,
     Source,
+    ToolState,
 )
 
 SECTION_MARKER = "@@td section "
 EXIT_MARKER = "@@td rc "
-DEFAULT_MODELS_DIR = "/var/lib/tensorless/models"
 DEFAULT_CDI_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 QUADLET_PATHS: tuple[str, ...] = ("/usr/libexec/podman/quadlet", "/usr/lib/podman/quadlet")
 
@@ -90,6 +95,7 @@ def engine_sections() -> tuple[Section, ...]:
         Section("podman", f"{_need('podman')}; podman --version"),
         Section("quadlet", f'for q in {quadlets}; do [ -x "$q" ] && echo "$q"; done; exit 0'),
         Section("docker", f"{_need('docker')}; docker --version"),
+        Section("engine-paths", "command -v podman docker; exit 0"),
         Section(
             "docker-runtimes",
             f"{_need('docker')}; docker --version 2>&1 | grep -q 'podman version' && exit 3; "
@@ -129,9 +135,13 @@ def cpu_sections() -> tuple[Section, ...]:
     return (Section("nproc", "nproc 2>/dev/null || getconf _NPROCESSORS_ONLN"),)
 
 
-def disk_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
+def _check_models_dir(models_dir: str) -> None:
     if not models_dir.startswith("/") or "\n" in models_dir or "\r" in models_dir:
         raise FactError(f"models directory {models_dir!r}: must be an absolute one-line path")
+
+
+def disk_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
+    _check_models_dir(models_dir)
     quoted = shlex.quote(models_dir)
     return (
         Section(
@@ -141,6 +151,14 @@ def disk_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
             'printf \'%s\\n\' "$p"; df -Pk "$p"',
         ),
     )
+
+
+def tool_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
+    """What this tool put on the host: units, model blobs and their stamps, engine images."""
+    _check_models_dir(models_dir)
+    script = shell.load("tensorless_deploy.facts", "tool-state")
+    bound = shell.bind(script, models_dir=models_dir, state_dir=host_state_dir(models_dir))
+    return (Section("tensorless", bound),)
 
 
 def port_sections() -> tuple[Section, ...]:
@@ -161,6 +179,7 @@ def all_sections(
         *cpu_sections(),
         *disk_sections(models_dir),
         *port_sections(),
+        *tool_sections(models_dir),
     )
 
 
@@ -225,13 +244,16 @@ def read_engines(sections: Mapping[str, SectionOutput]) -> ContainerEngines:
     podman = _section(sections, "podman")
     docker = _section(sections, "docker")
     runtimes = _section(sections, "docker-runtimes")
+    # surveys captured before the engine-paths section existed leave the paths unknown
+    where = sections.get("engine-paths")
+    paths = parse_engine_paths(where.text) if where is not None else {}
+    p = parse_podman_version(
+        podman.text, podman.exit_code, parse_quadlet_path(_section(sections, "quadlet").text)
+    )
+    d = parse_docker_version(docker.text, docker.exit_code, runtimes.text, runtimes.exit_code)
     return ContainerEngines(
-        podman=parse_podman_version(
-            podman.text, podman.exit_code, parse_quadlet_path(_section(sections, "quadlet").text)
-        ),
-        docker=parse_docker_version(
-            docker.text, docker.exit_code, runtimes.text, runtimes.exit_code
-        ),
+        podman=p.model_copy(update={"path": paths.get("podman")}) if p.present else p,
+        docker=d.model_copy(update={"path": paths.get("docker")}) if d.present else d,
     )
 
 
@@ -270,6 +292,11 @@ def read_listeners(sections: Mapping[str, SectionOutput]) -> tuple[Listener, ...
     return parse_ss(ports.text, ports.exit_code)
 
 
+def read_tool(sections: Mapping[str, SectionOutput]) -> ToolState:
+    tool = _section(sections, "tensorless")
+    return parse_tool_state(tool.text, tool.exit_code)
+
+
 # --- HostFacts ---------------------------------------------------------------------------------
 
 
@@ -285,6 +312,7 @@ def build_host_facts(
     cpus: int | None = None,
     disk: DiskSpace | None = None,
     listeners: Sequence[Listener] | None = None,
+    tool: ToolState | None = None,
     problems: Sequence[str] = (),
     source: Source = "host",
 ) -> HostFacts:
@@ -306,6 +334,7 @@ def build_host_facts(
             "cpus": cpus,
             "disk": disk,
             "listeners": None if listeners is None else tuple(listeners),
+            "tool": tool,
             "problems": tuple(problems),
         }
     )
@@ -338,6 +367,8 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         cpus=read("cpus", read_cpus),
         disk=read("disk", read_disk),
         listeners=read("ports", read_listeners),
+        # surveys captured before the section existed say nothing of the tool's own state
+        tool=read("tensorless", read_tool) if "tensorless" in sections else None,
         problems=problems,
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field, field_validator, model_validator
@@ -149,6 +150,7 @@ class Podman(FactModel):
     version: Version | None = None
     version_text: str = ""
     quadlet_path: str | None = None  # the quadlet generator binary, where found
+    path: str | None = None  # where `command -v podman` found it (None: not asked)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -171,6 +173,7 @@ class Docker(FactModel):
     version: Version | None = None
     version_text: str = ""
     podman_shim: bool = False  # `docker` is podman-docker's wrapper around podman
+    path: str | None = None  # where `command -v docker` found it (None: not asked)
     runtimes: tuple[str, ...] | None = None  # None: daemon not asked or not answering
     runtimes_error: str = ""
 
@@ -323,6 +326,70 @@ def blocking_listeners(
     return tuple(lst for lst in listeners if listener_blocks(lst, port, bind_address))
 
 
+# --- what this tool itself put on the host ----------------------------------------------------
+
+# The labels every unit and container of this tool carries (written by launch.spec, read back
+# by the survey, status and bench): the one list of their names.
+LABEL_PREFIX = "io.tensorless"
+LABEL_RECIPE_DIGEST = f"{LABEL_PREFIX}.recipe-digest"
+LABEL_MODEL = f"{LABEL_PREFIX}.model"
+LABEL_CARD = f"{LABEL_PREFIX}.card"
+LABEL_BIND = f"{LABEL_PREFIX}.bind"
+LABEL_PORT = f"{LABEL_PREFIX}.port"
+LABEL_TUNED = f"{LABEL_PREFIX}.tuned"
+LABEL_HEALTH = f"{LABEL_PREFIX}.health"  # the health URL, exactly as the health check polls it
+
+UnitKind = Literal["quadlet", "service"]
+
+
+class ToolUnit(FactModel):
+    """A unit file this tool wrote: where, its sha256, the io.tensorless.* labels it carries,
+    and what /health answered at the address it labels (None: no address label)."""
+
+    path: str
+    name: str  # the service's name without .service: tensorless-<model>-<card>
+    kind: UnitKind
+    sha256: str
+    labels: dict[str, str]
+    health: int | None = None  # HTTP status; 0: no answer
+
+
+class ModelBlobFile(FactModel):
+    """A model blob in the Hub cache layout under the models directory, and its stamp."""
+
+    path: str
+    sha256: str  # the blob's name: the content hash it was verified (or is to be) against
+    size: int
+    mtime: int
+    stamp: str | None  # what the tool's stamp for this sha256 says (None: no stamp)
+
+
+class ToolState(FactModel):
+    """Everything this tool put on a host, read in the survey's round trip."""
+
+    units: tuple[ToolUnit, ...] = ()
+    blobs: tuple[ModelBlobFile, ...] = ()
+    images: tuple[str, ...] | None = None  # repository@digest the engine holds; None: unknown
+    images_engine: str | None = None  # which engine listed them (podman first, else docker)
+
+    def has_image(self, engine: str, image: str) -> bool | None:
+        """Whether ``engine`` holds ``image`` (name@sha256:...); None: not known."""
+        if self.images is None or self.images_engine != engine:
+            return None
+        name, _, digest = image.partition("@")
+        for held in self.images:
+            repo, _, have = held.partition("@")
+            if have == digest and (repo == name or repo == f"docker.io/{name}"):
+                return True
+        return False
+
+    def unit(self, name: str) -> ToolUnit | None:
+        return next((u for u in self.units if u.name == name), None)
+
+    def blob(self, path: str) -> ModelBlobFile | None:
+        return next((b for b in self.blobs if b.path == path), None)
+
+
 Source = Literal["host", "inventory"]
 
 
@@ -345,6 +412,7 @@ class HostFacts(FactModel):
     cpus: int | None = None
     disk: DiskSpace | None = None
     listeners: tuple[Listener, ...] | None = None
+    tool: ToolState | None = None
     problems: tuple[str, ...] = ()
 
     @computed_field  # type: ignore[prop-decorator]
@@ -357,3 +425,37 @@ class HostFacts(FactModel):
         if self.listeners is None:
             return None
         return blocking_listeners(self.listeners, port, bind_address)
+
+
+@dataclass(frozen=True)
+class BlobState:
+    """The model blob on the host, the stamp left when it was last verified, and where the
+    snapshot link points."""
+
+    exists: bool
+    size: int | None
+    mtime: int | None
+    stamp: str | None
+    link: str | None = None
+
+    path: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        """Verified before and untouched since: the stamp names this blob, its size and mtime
+        (hub.CachePaths.stamp_text)."""
+        return self.exists and self.stamp == f"{self.size} {self.mtime} {self.path}"
+
+
+@dataclass(frozen=True)
+class DeployedUnit:
+    """One tensorless unit on a host: its file, the service state, and the running container."""
+
+    name: str
+    kind: str  # quadlet or service
+    active: str
+    unit_labels: dict[str, str]  # from the unit file as written
+    container_labels: dict[str, str]  # from the running container (empty when none runs)
+    image: str | None  # the image reference the container was created from
+    image_id: str | None
+    health: int  # HTTP status of /health on the labelled address (0: no answer)

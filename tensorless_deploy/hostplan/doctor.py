@@ -1,102 +1,84 @@
-"""doctor's report: the decisions for every surveyed host, and its stable JSON shape."""
+"""doctor's report: the host plan of every surveyed host for every model asked (or readiness
+without one), and its stable JSON shape (docs/doctor.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tensorless_deploy.decisions.checks import (
-    Check,
-    Existing,
-    Verdict,
-    choose_recipe,
-    host_verdict,
-    no_card_verdict,
-)
-from tensorless_deploy.fleet.hosts import HostOutcome
-from tensorless_deploy.recipe.catalog import Catalog, Entry
-
-# What tensorless-deploy already put on the host for a recipe (its unit, its model file), read
-# from the host the way deploy reads it, so doctor and deploy agree about a host already serving.
-ExistingFor = Callable[[Entry], Existing]
-
-
-@dataclass(frozen=True)
-class ModelResult:
-    model: str | None  # None: readiness only
-    entry: Entry | None  # the recipe chosen for this host's card
-    verdict: Verdict
+from tensorless_deploy.decisions.checks import Check
+from tensorless_deploy.hostplan.plan import HostPlan, SurveyedHost, plan_host, readiness
+from tensorless_deploy.recipe.catalog import Catalog
 
 
 @dataclass(frozen=True)
 class HostReport:
     host: str
     error: str | None
-    results: tuple[ModelResult, ...]
+    plans: tuple[HostPlan, ...]
     gpus: tuple[dict[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.error is None and all(r.verdict.ok for r in self.results)
+        return self.error is None and all(_ready(p) for p in self.plans)
 
 
-def host_report(
-    outcome: HostOutcome,
-    catalog: Catalog,
-    models: Sequence[str],
-    existing: ExistingFor | None = None,
-) -> HostReport:
-    if outcome.facts is None:
-        return HostReport(outcome.name, outcome.error, ())
-    facts = outcome.facts
+def _ready(p: HostPlan) -> bool:
+    """Readiness has no instances to lay out; a model's plan must have them."""
+    return p.verdict.ok and p.problem is None and (p.model is None or bool(p.instances))
+
+
+def host_report(surveyed: SurveyedHost, catalog: Catalog, models: Sequence[str]) -> HostReport:
+    """The same host plans deploy computes, for the models asked (readiness without any)."""
+    if surveyed.facts is None:
+        return HostReport(surveyed.name, surveyed.error, ())
+    facts = surveyed.facts
     gpus = tuple(g.model_dump(mode="json") for g in facts.gpus.gpus)
-    results: list[ModelResult] = []
     if not models:
-        listing = [(e.path, e.recipe) for e in catalog.entries]
-        verdict = host_verdict(facts, None, outcome.options, listing)
-        results.append(ModelResult(None, None, verdict))
-    for model in models:
-        entries = catalog.find(model)
-        recipe = choose_recipe([e.recipe for e in entries], facts)
-        if recipe is None and facts.gpus.state != "ok":
-            recipe = entries[0].recipe  # the driver checks say why no card could be seen
-        if recipe is None:
-            name = entries[0].recipe.model.hf_repo
-            verdict = no_card_verdict(name, [e.recipe for e in entries], facts, outcome.options)
-            results.append(ModelResult(name, None, verdict))
-            continue
-        entry = next(e for e in entries if e.recipe is recipe)
-        found = existing(entry) if existing is not None else Existing()
-        verdict = host_verdict(facts, recipe, outcome.options, existing=found)
-        results.append(ModelResult(recipe.model.hf_repo, entry, verdict))
-    return HostReport(outcome.name, None, tuple(results), gpus)
+        return HostReport(
+            surveyed.name, None, (readiness(surveyed.name, facts, catalog, surveyed.options),), gpus
+        )
+    plans = tuple(
+        plan_host(surveyed.name, facts, catalog.find(model), surveyed.options) for model in models
+    )
+    return HostReport(surveyed.name, None, plans, gpus)
 
 
-def _check_json(c: Check) -> dict[str, Any]:
+def check_json(c: Check) -> dict[str, Any]:
     return {"id": c.id, "status": c.status, "evidence": c.evidence, "fix": c.fix}
+
+
+def plan_json(p: HostPlan) -> dict[str, Any]:
+    v = p.verdict
+    uuids = [u for i in p.instances for u in i.spec.gpu_uuids]
+    return {
+        "model": p.model,
+        "card": p.card,
+        "recipe": p.entry.path if p.entry else None,
+        "ok": _ready(p),
+        "engine": v.engine,
+        "gpu_uuids": uuids,
+        "instances": [
+            {"name": i.name, "address": i.spec.address, "gpu_uuids": list(i.spec.gpu_uuids)}
+            for i in p.instances
+        ],
+        "servable": list(v.servable),
+        "problem": p.problem,
+        "checks": [check_json(c) for c in v.checks],
+    }
 
 
 def report_json(reports: Sequence[HostReport]) -> dict[str, Any]:
     """The documented --json shape (docs/doctor.md)."""
-    hosts = []
-    for r in reports:
-        results = []
-        for m in r.results:
-            v = m.verdict
-            results.append(
-                {
-                    "model": m.model,
-                    "card": m.entry.recipe.card.id if m.entry else None,
-                    "recipe": m.entry.path if m.entry else None,
-                    "ok": v.ok,
-                    "engine": v.engine,
-                    "gpu_uuids": list(v.match.uuids) if v.match else [],
-                    "servable": list(v.servable),
-                    "checks": [_check_json(c) for c in v.checks],
-                }
-            )
-        hosts.append(
-            {"host": r.host, "ok": r.ok, "error": r.error, "gpus": list(r.gpus), "results": results}
-        )
+    hosts = [
+        {
+            "host": r.host,
+            "ok": r.ok,
+            "error": r.error,
+            "gpus": list(r.gpus),
+            "results": [plan_json(p) for p in r.plans],
+        }
+        for r in reports
+    ]
     return {"ok": all(r.ok for r in reports), "hosts": hosts}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tensorless_deploy.decisions.options import DEFAULT_BIND, address
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.facts.deployed import DeployedUnit
-from tensorless_deploy.launch.spec import LABEL_PREFIX
+from tensorless_deploy.facts.values import LABEL_PREFIX, DeployedUnit
 from tensorless_deploy.recipe.catalog import Catalog
 
 
@@ -70,15 +70,13 @@ def unit_status(u: DeployedUnit, catalog: Catalog) -> UnitStatus:
             drift.append(f"the container runs {u.image}, not the recipe's image")
     if u.container_labels == {} and u.active == "active":
         drift.append("the service is active but no container was found")
-    address = None
-    if port:
-        address = f"{'[' + bind + ']' if bind and ':' in bind else bind or '127.0.0.1'}:{port}"
+    where = address(bind or DEFAULT_BIND, int(port)) if port and port.isdigit() else None
     return UnitStatus(
         unit=u.name,
         kind=u.kind,
         model=model,
         card=card,
-        address=address,
+        address=where,
         active=u.active,
         healthy=u.health == 200,
         tuned=None if tuned is None else tuned == "true",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -13,6 +13,13 @@ from pathlib import Path
 import jinja2
 
 from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.launch.container import (
+    Escape,
+    container_options,
+    quadlet_keys,
+    quadlet_startup_keys,
+    run_argv,
+)
 from tensorless_deploy.launch.spec import LaunchSpec
 
 QUADLET_DIR = "/etc/containers/systemd"
@@ -152,15 +159,34 @@ def _check_spec(spec: LaunchSpec) -> None:
             )
 
 
+def _raw_words(value: str) -> str:
+    return sd_raw_words(value.split(" "))
+
+
+_ESCAPES: dict[Escape, Callable[[str], str]] = {
+    "raw": sd_raw,
+    "word": sd_word,
+    "raw_words": _raw_words,
+}
+
+
+def _key_lines(keys: list[tuple[str, str, Escape]]) -> list[str]:
+    return [f"{key}={_ESCAPES[escape](value)}" for key, value, escape in keys]
+
+
 def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> UnitFile:
     """A rootful quadlet .container (podman >= 4.4); Notify=healthy from podman 5."""
     _check_spec(spec)
     if spec.engine != "podman":
         raise RenderError(f"{spec.name}: quadlet units run podman, not {spec.engine}")
+    keys = quadlet_keys(container_options(spec, health=True))
+    keys.insert(1, ("Image", spec.image, "raw"))
+    if notify_healthy:
+        keys += quadlet_startup_keys(spec)
     text = (
         _env()
         .get_template("quadlet.container.j2")
-        .render(spec=spec, digest=digest, notify_healthy=notify_healthy)
+        .render(spec=spec, digest=digest, container=_key_lines(keys))
     )
     return UnitFile(f"{QUADLET_DIR}/{spec.name}.container", text, f"{spec.name}.service", "quadlet")
 
@@ -168,21 +194,7 @@ def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> Un
 def render_service(spec: LaunchSpec, *, digest: str, engine_bin: str) -> UnitFile:
     """A plain systemd .service running podman (older than 4.4) or docker in the foreground."""
     _check_spec(spec)
-    exec_start = [
-        engine_bin,
-        "run",
-        "--rm",
-        "--pull=never",
-        "--health-cmd",
-        f"curl -fsS {spec.health_url}",
-        "--health-interval",
-        "30s",
-        "--health-retries",
-        "3",
-        "--health-start-period",
-        f"{spec.start_timeout_s}s",
-        *spec.engine_run_args(),
-    ]
+    exec_start = run_argv(spec, engine_bin, health=True)
     text = (
         _env()
         .get_template("plain.service.j2")

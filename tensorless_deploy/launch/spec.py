@@ -1,8 +1,9 @@
-"""Layer 4: the launch spec, one value describing the container that serves a recipe on a host.
+"""The launch spec: one value describing the container that serves a recipe on a host.
 
-Rendered three ways (quadlet .container, plain systemd .service, the argv of a foreground run);
-deploy, serve and run build it through the same function, so a recipe that runs locally deploys
-identically.
+Rendered three ways (quadlet .container, plain systemd .service, the argv of a foreground run)
+from one option set (launch.container); deploy, serve and run build it through the same
+function, so a recipe that runs locally deploys identically. Every address the tool prints or
+polls comes from here.
 """
 
 from __future__ import annotations
@@ -13,15 +14,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tensorless_deploy.decisions.checks import EngineName, Tuning, threads_for, tuning
+from tensorless_deploy.decisions.options import address, reach_host
+from tensorless_deploy.facts.values import (
+    LABEL_BIND,
+    LABEL_CARD,
+    LABEL_HEALTH,
+    LABEL_MODEL,
+    LABEL_PORT,
+    LABEL_RECIPE_DIGEST,
+    LABEL_TUNED,
+)
 from tensorless_deploy.recipe.catalog import recipe_digest
 from tensorless_deploy.recipe.schema import Recipe
 
 MODEL_MOUNT_DIR = "/models"
 _PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
-LABEL_PREFIX = "io.tensorless"
 # Loading reads the whole file; budget a slow disk (50 MB/s) on top of a fixed two minutes.
 START_TIMEOUT_BASE_S = 120
 START_TIMEOUT_BYTES_PER_S = 50_000_000
+# The health check: how often, how long one probe may take, how many failures make it unhealthy.
+HEALTH_INTERVAL_S = 30
+HEALTH_TIMEOUT_S = 5
+HEALTH_RETRIES = 3
+HEALTH_STARTUP_INTERVAL_S = 1  # while loading, with Notify=healthy (podman 5)
 
 
 def unit_name(recipe: Recipe) -> str:
@@ -33,6 +48,19 @@ def unit_name(recipe: Recipe) -> str:
 
 def start_timeout_s(recipe: Recipe) -> int:
     return START_TIMEOUT_BASE_S + recipe.model.size_bytes // START_TIMEOUT_BYTES_PER_S
+
+
+def health_url(bind: str, port: int) -> str:
+    """The /health URL a client on the same host polls for a server bound to bind:port."""
+    return f"http://{address(reach_host(bind), port)}/health"
+
+
+def split_address(text: str) -> tuple[str, int] | None:
+    """ "127.0.0.1:8080" or "[::1]:8080" -> (host, port); None when it is not one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 @dataclass(frozen=True)
@@ -55,44 +83,21 @@ class LaunchSpec:
     start_timeout_s: int
 
     @property
+    def address(self) -> str:
+        """bind:port, as the operator reaches the API (brackets around an IPv6 literal)."""
+        return address(self.bind, self.port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    @property
     def health_url(self) -> str:
-        host = f"[{self.bind}]" if ":" in self.bind else self.bind
-        if host in ("0.0.0.0", "[::]"):
-            host = "127.0.0.1"
-        return f"http://{host}:{self.port}/health"
+        return health_url(self.bind, self.port)
 
     @property
     def cdi_devices(self) -> tuple[str, ...]:
         return tuple(f"nvidia.com/gpu={uuid}" for uuid in self.gpu_uuids)
-
-    def engine_run_args(self) -> list[str]:
-        """`podman run` / `docker run` options and image and server args (no binary, no 'run')."""
-        args = [
-            "--name",
-            self.name,
-            "--network",
-            "host",
-            "--cap-drop",
-            "all",
-            "--security-opt",
-            "no-new-privileges",
-            "--volume",
-            f"{self.model_path}:{self.model_mount}:ro",
-        ]
-        if self.engine == "docker":
-            if self.gpu_uuids:
-                # docker reads --gpus as one CSV record: several ids need the field quoted
-                # ('"device=a,b"'), else "b" is taken as a field of its own and refused.
-                devices = "device=" + ",".join(self.gpu_uuids)
-                args += ["--gpus", devices if len(self.gpu_uuids) == 1 else f'"{devices}"']
-        else:
-            for dev in self.cdi_devices:
-                args += ["--device", dev]
-        for key, value in self.env:
-            args += ["--env", f"{key}={value}"]
-        for key, value in self.labels:
-            args += ["--label", f"{key}={value}"]
-        return [*args, self.image, *self.server_args]
 
 
 def build_launch_spec(
@@ -106,6 +111,7 @@ def build_launch_spec(
     bind: str = "127.0.0.1",
     context: int | None = None,
     extra_args: Sequence[str] = (),
+    name: str | None = None,
 ) -> LaunchSpec:
     """The one way a recipe becomes a container, for deploy, serve and run alike."""
     threads = threads_for(recipe, cpus)
@@ -133,15 +139,16 @@ def build_launch_spec(
     )
     env = (*recipe.run.env.items(), ("OMP_NUM_THREADS", str(threads)))
     labels = (
-        (f"{LABEL_PREFIX}.recipe-digest", recipe_digest(recipe)),
-        (f"{LABEL_PREFIX}.model", recipe.model.hf_repo),
-        (f"{LABEL_PREFIX}.card", recipe.card.id),
-        (f"{LABEL_PREFIX}.bind", bind),
-        (f"{LABEL_PREFIX}.port", str(port)),
-        (f"{LABEL_PREFIX}.tuned", "true" if tune.tuned else "false"),
+        (LABEL_RECIPE_DIGEST, recipe_digest(recipe)),
+        (LABEL_MODEL, recipe.model.hf_repo),
+        (LABEL_CARD, recipe.card.id),
+        (LABEL_BIND, bind),
+        (LABEL_PORT, str(port)),
+        (LABEL_TUNED, "true" if tune.tuned else "false"),
+        (LABEL_HEALTH, health_url(bind, port)),
     )
     return LaunchSpec(
-        name=unit_name(recipe),
+        name=name or unit_name(recipe),
         description=f"tensorless llama-server: {recipe.model.hf_repo} on {recipe.card.id}",
         engine=engine,
         image=recipe.engine.image,

@@ -1,82 +1,162 @@
-"""The @deploy that serves one recipe on one host, from a plan the controller made for it."""
+"""The @deploy that serves a model on a host: image by digest -> verified model -> one unit per
+instance -> (re)start -> /health.
+
+``serve`` is the public form for an operator's own pyinfra deploy file: it reads the host's
+facts itself, chooses the recipe and lays out the instances through the one host plan
+(hostplan.plan) that every command of the tool computes. ``serve_plan`` applies a host plan the
+controller already made (the tool's own fleet runner, which surveyed every host first).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 from pyinfra.api.deploy import deploy
+from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 
-from tensorless_deploy.hub import CachePaths
-from tensorless_deploy.launch.render import UnitFile
-from tensorless_deploy.launch.spec import LaunchSpec
-from tensorless_deploy.operations.operations import (
-    image_pulled,
-    model_file,
-    serving,
-    unit_installed,
-)
+from tensorless_deploy.decisions.options import DATA_KEYS, Flags, resolve
+from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.facts.pyinfra import HostSurvey
+from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.hostplan.plan import HostPlan, plan_host
+from tensorless_deploy.operations.image import image
+from tensorless_deploy.operations.model import model as model_file
+from tensorless_deploy.operations.unit import serving, unit
+from tensorless_deploy.recipe.catalog import load_catalog
 
-STEPS = ("image", "model", "unit", "restart", "serving")
-
-
-@dataclass(frozen=True)
-class HostPlan:
-    """Everything one host needs, decided on the controller before any command runs."""
-
-    host: str
-    recipe_path: str
-    recipe_digest: str
-    spec: LaunchSpec
-    unit: UnitFile
-    engine_bin: str
-    quadlet_bin: str | None
-    paths: CachePaths
-    url: str
-    sha256: str
-    size: int
-    transfer: str = "pull"  # or "push": the controller sends model and image
-    archive: str | None = None  # where a pushed image archive lands on the host
+Steps = MutableMapping[str, dict[str, Any]]  # host -> step name -> OperationMeta
 
 
-@deploy("tensorless-deploy: serve a recipe")
-def serve_recipe(plan: HostPlan, token: str | None, steps: dict[str, dict[str, Any]]) -> None:
-    """image by digest -> verified model -> unit -> (re)start -> /health, each step's
-    OperationMeta kept in steps[host][name] for the report."""
+def _step(name: str, instance: int, count: int) -> str:
+    return name if count == 1 else f"{name} {instance}"
+
+
+@deploy("tensorless-deploy: serve a host plan")
+def serve_plan(
+    plan: HostPlan,
+    token: str | None = None,
+    transfer: str = "pull",
+    archive: str | None = None,
+    steps: Steps | None = None,
+) -> None:
+    """Apply a host plan that passed its checks. Each step's OperationMeta lands in
+    steps[host][step] for the caller's report."""
+    if not plan.ok or plan.paths is None or plan.recipe is None or plan.engine_bin is None:
+        raise OperationError(f"{plan.host}: {plan.why()}")
+    recipe = plan.recipe
+    m = recipe.model
+    pushed = transfer == "push"
     metas: dict[str, Any] = {}
-    pushed = plan.transfer == "push"
-    metas["image"] = image_pulled(
+    metas["image"] = image(
         name="engine image by digest",
         engine_bin=plan.engine_bin,
-        image=plan.spec.image,
-        archive=plan.archive if pushed else None,
+        image=recipe.engine.image,
+        archive=archive if pushed else None,
     )
     metas["model"] = model_file(
         name="model file, sha256-verified",
-        paths=plan.paths,
+        models_dir=plan.options.models_dir,
+        repo=m.hf_repo,
+        revision=m.revision,
+        filename=m.file,
+        sha256=m.sha256,
+        size=m.size_bytes,
         url=plan.url,
-        sha256=plan.sha256,
-        size=plan.size,
         token=None if pushed else token,
         pushed=pushed,
     )
-    unit = unit_installed(name="unit file", unit=plan.unit, quadlet_bin=plan.quadlet_bin)
-    metas["unit"] = unit
-    metas["restart"] = serving(
-        name="restart and /health",
-        unit=plan.unit,
-        health_url=plan.spec.health_url,
-        timeout_s=plan.spec.start_timeout_s,
-        restart=True,
-        _if=unit.did_change,
-    )
-    metas["serving"] = serving(
-        name="running and /health",
-        unit=plan.unit,
-        health_url=plan.spec.health_url,
-        timeout_s=plan.spec.start_timeout_s,
-        restart=False,
-        _if=unit.did_not_change,
-    )
-    steps[host.name] = metas
+    count = len(plan.instances)
+    for inst in plan.instances:
+        assert inst.unit is not None  # a serving plan renders its units
+        path = inst.unit.path
+        written = unit(
+            name=f"unit {inst.name}",
+            path=path,
+            content=inst.unit.content,
+            quadlet_bin=plan.quadlet_bin,
+        )
+        metas[_step("unit", inst.ordinal, count)] = written
+        metas[_step("restart", inst.ordinal, count)] = serving(
+            name=f"restart {inst.name} and /health",
+            path=path,
+            health_url=inst.spec.health_url,
+            timeout_s=inst.spec.start_timeout_s,
+            restart=True,
+            _if=written.did_change,
+        )
+        metas[_step("serving", inst.ordinal, count)] = serving(
+            name=f"{inst.name} running and /health",
+            path=path,
+            health_url=inst.spec.health_url,
+            timeout_s=inst.spec.start_timeout_s,
+            restart=False,
+            _if=written.did_not_change,
+        )
+    if steps is not None:
+        steps[host.name] = metas
+
+
+def _host_data() -> dict[str, object]:
+    return {key: host.data.get(key) for key in DATA_KEYS}
+
+
+@deploy("tensorless-deploy: serve a model")
+def serve(
+    model: str,
+    recipes: str | None = None,
+    port: int | None = None,
+    bind: str | None = None,
+    context: int | None = None,
+    models_dir: str | None = None,
+    engine: str | None = None,
+    allow_draft: bool = False,
+    token: str | None = None,
+) -> None:
+    """
+    Serve a model on this host: the recipe for the card it has, the engine image by digest,
+    the model file verified by sha256, a unit per instance, /health. A second run changes
+    nothing. The host's own inventory data (``tensorless_port``, ``tensorless_bind``,
+    ``tensorless_models_dir``, ``tensorless_engine``) applies; an argument given here wins.
+
+    + model: a repo id (any case) or a recipe's short name, e.g. ``pn3``
+    + recipes: a recipes directory (``<org>/<repo>/<card>.toml``); default: the built-in catalog
+    + port: the API port (default 8080)
+    + bind: the API address (default 127.0.0.1)
+    + context: a context other than the recipe's (the run is then untuned)
+    + models_dir: where model files live on the host (default /var/lib/tensorless/models)
+    + engine: ``podman`` or ``docker`` (default: podman where present)
+    + allow_draft: accept a draft recipe
+    + token: a Hub token for a gated repository (default: none)
+
+    **Example:**
+
+    .. code:: python
+
+        from tensorless_deploy.operations.deploy import serve
+
+        serve(model="pn3", port=8080)
+    """
+    try:
+        catalog = load_catalog(Path(recipes) if recipes else None)
+        entries = catalog.find(model)
+        flags = Flags(
+            port=port,
+            bind=bind,
+            context=context,
+            models_dir=models_dir,
+            engine=engine,
+            allow_draft=allow_draft,
+        )
+        options = resolve(flags, _host_data(), host.name)
+        facts: HostFacts = host.get_fact(HostSurvey, models_dir=options.models_dir)
+        plan = plan_host(host.name, facts, entries, options)
+    except TensorlessError as exc:
+        raise OperationError(f"{host.name}: {exc.lines()[0]}") from None
+    if not plan.ok:
+        raise OperationError(
+            f"{host.name}: {plan.entry.path if plan.entry else model}: {plan.why()}"
+        )
+    serve_plan(plan=plan, token=token)

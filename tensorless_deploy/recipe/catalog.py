@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from tensorless_deploy.errors import RecipeError, UnknownModelError, UsageError
+from tensorless_deploy.hub import CachePaths, cache_paths, host_state_dir
 from tensorless_deploy.recipe.schema import Recipe
 
 if sys.version_info >= (3, 11):
@@ -95,11 +96,27 @@ def closest(key: str, names: list[str], n: int = 3) -> list[str]:
     return [name for s, name in ranked[:n] if s >= 0.6]
 
 
+_DIGESTS: dict[int, tuple[Recipe, str]] = {}  # id -> (the recipe kept alive, its digest)
+
+
 def recipe_digest(recipe: Recipe) -> str:
-    """Canonical content digest: sha256 of sorted-key, compact JSON of the whole recipe."""
+    """Canonical content digest: sha256 of sorted-key, compact JSON of the whole recipe.
+    Recipes are immutable, so each one's digest is computed once per process."""
+    hit = _DIGESTS.get(id(recipe))
+    if hit is not None and hit[0] is recipe:
+        return hit[1]
     data = recipe.model_dump(mode="json", by_alias=True)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+    digest = "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+    _DIGESTS[id(recipe)] = (recipe, digest)
+    return digest
+
+
+def model_paths(cache: str, recipe: Recipe) -> CachePaths:
+    """Where a recipe's model file lives under a cache directory (hosts: the models directory;
+    this machine: its Hugging Face cache), its stamp beside the cache, never in it."""
+    m = recipe.model
+    return cache_paths(cache, host_state_dir(cache), m.hf_repo, m.revision, m.file, m.sha256)
 
 
 def builtin_recipes_dir() -> Path:

@@ -5,8 +5,10 @@ The ideas and names come from seed 002's PlacementPreview (max_context_tokens,
 default_context_tokens, kv_bytes_per_token, memory_delta_by_node, error, error_code,
 alternative, card_digest), brought to an SSH inventory of single-card llama-server hosts:
 
-- A recipe places on ONE GPU whose card it matches (decisions.gpu_fits_card); a host with several
-  matching GPUs gets one row per GPU.
+- Each host's recipe is the one its host plan chose (hostplan.plan_host, the same plan doctor
+  and deploy use); it places on ONE GPU whose card it matches, so a host with several matching
+  GPUs gets one row per GPU. A host whose plan fails a check that has nothing to do with memory
+  (no container toolkit, a taken port...) is refused with that check, as deploy would refuse it.
 - Memory needed is kv.estimate_memory at the context (weights = the GGUF's size, KV exactly as
   llama-server allocates it for the recipe's -ctk/-ctv/-fa/-np/-ub, a compute buffer estimate, a
   fixed runtime overhead); what may be filled is kv.usable_bytes (free memory less the card
@@ -33,9 +35,10 @@ from tensorless_deploy.decisions.checks import (
     state_refusal,
 )
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.facts.values import Gpu, HostFacts
+from tensorless_deploy.facts.values import Gpu
 from tensorless_deploy.gguf import kv
 from tensorless_deploy.gguf.header import GGUFHeader
+from tensorless_deploy.hostplan.plan import CARD_CHECKS, HostPlan, SurveyedHost, plan_host
 from tensorless_deploy.recipe.catalog import Entry, recipe_digest
 from tensorless_deploy.recipe.schema import Recipe
 
@@ -70,15 +73,6 @@ def _split_mode_none(args: Sequence[str]) -> bool:
             if value == "none":
                 return True
     return False
-
-
-@dataclass(frozen=True)
-class PlanHost:
-    """One host as the planner sees it: its facts, or why there are none yet."""
-
-    name: str
-    facts: HostFacts | None
-    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +272,19 @@ class _Recipes:
         return ok
 
 
-def _host_rows(model: str, host: PlanHost, rc: _Recipes) -> list[Placement]:
+# Checks the rows judge themselves (with the seed's codes and their own words)
+ROW_CHECKS = (*CARD_CHECKS, "recipe.state")
+
+
+def _deploy_refusal(plan: HostPlan) -> str | None:
+    """The host plan's failed checks that are not about the card: what deploy would stop at."""
+    other = [c for c in plan.failed() if c.id not in ROW_CHECKS]
+    if plan.problem:
+        return plan.problem
+    return "; ".join(f"{c.id}: {c.evidence}" for c in other) or None
+
+
+def _host_rows(model: str, host: SurveyedHost, rc: _Recipes) -> list[Placement]:
     if host.facts is None:
         why = host.error or "no facts"
         return [
@@ -301,12 +307,15 @@ def _host_rows(model: str, host: PlanHost, rc: _Recipes) -> list[Placement]:
             )
         ]
     rows: list[Placement] = []
-    for entry in rc.entries:
+    hp = plan_host(host.name, host.facts, rc.entries, host.options, units=False)
+    if hp.entry is not None:
+        entry = hp.entry
+        refusal = _deploy_refusal(hp)
         fits = sorted(
             (g for g in report.gpus if gpu_fits_card(g, entry.recipe)), key=lambda g: g.index
         )
         for gpu in fits:
-            rows.append(_gpu_row(model, host.name, entry, gpu, len(fits), rc))
+            rows.append(_gpu_row(model, host.name, entry, gpu, len(fits), rc, refusal))
     if not rows:
         cards = "; ".join(
             f"{e.recipe.card.id} (compute {e.recipe.card.compute_capability}, >= "
@@ -326,7 +335,13 @@ def _host_rows(model: str, host: PlanHost, rc: _Recipes) -> list[Placement]:
 
 
 def _gpu_row(
-    model: str, host: str, entry: Entry, gpu: Gpu, n_matching: int, rc: _Recipes
+    model: str,
+    host: str,
+    entry: Entry,
+    gpu: Gpu,
+    n_matching: int,
+    rc: _Recipes,
+    deploy_refusal: str | None = None,
 ) -> Placement:
     recipe = entry.recipe
     options = rc.options
@@ -359,6 +374,7 @@ def _gpu_row(
     refusal = rc.refusal[entry.path]
     if refusal is not None:
         return refuse(NO_VALID_PLACEMENT, refusal)
+
     if not rc.driver_ok(gpu.driver_version, recipe.card.min_driver):
         return refuse(
             NO_VALID_PLACEMENT,
@@ -383,6 +399,8 @@ def _gpu_row(
     need = sized.need(context)
     fits = need.total_bytes <= mem.usable
     row.update(memory=need, context_fits=fits)
+    if deploy_refusal is not None:
+        return refuse(NO_VALID_PLACEMENT, f"deploy would refuse this host: {deploy_refusal}")
     if fits:
         return Placement(**row, notes=tuple(notes))
     if max_ctx == 0:
@@ -437,7 +455,7 @@ def _rank_key(p: Placement) -> tuple[int, int, str, int]:
 def plan_model(
     model: str,
     entries: Sequence[Entry],
-    hosts: Sequence[PlanHost],
+    hosts: Sequence[SurveyedHost],
     headers: Mapping[HeaderKey, HeaderResult],
     options: PlanOptions = PlanOptions(),
 ) -> ModelPlan:
@@ -451,7 +469,7 @@ def plan_model(
 
 def plan(
     models: Sequence[tuple[str, Sequence[Entry]]],
-    hosts: Sequence[PlanHost],
+    hosts: Sequence[SurveyedHost],
     headers: Mapping[HeaderKey, HeaderResult],
     options: PlanOptions = PlanOptions(),
 ) -> list[ModelPlan]:

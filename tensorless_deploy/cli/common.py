@@ -1,0 +1,161 @@
+"""What the commands share: the catalog they read, the operator's flags as one value, the
+refusal of a host plan, and the per-host deploy report (text and JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tensorless_deploy.cli.output import paint
+from tensorless_deploy.decisions.options import Flags, check_flags
+from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.recipe import Catalog, load_catalog
+
+if TYPE_CHECKING:
+    from tensorless_deploy.decisions.checks import Check
+    from tensorless_deploy.fleet.deploy import HostResult
+
+COLOURS = {
+    "changed": "33",
+    "unchanged": "32",
+    "no change": "32",
+    "would change": "33",
+    "failed": "1;31",
+    "skipped": "1;31",
+    "untouched": "33",
+}
+
+
+def catalog_from(args: argparse.Namespace) -> Catalog:
+    recipes: Path | None = getattr(args, "recipes", None)
+    return load_catalog(recipes)
+
+
+def recipes_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--recipes",
+        type=Path,
+        metavar="DIR",
+        help="read DIR/<org>/<repo>/<card>.toml, not the built-in catalog",
+    )
+
+
+def hosts_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    where = p.add_mutually_exclusive_group(required=required)
+    where.add_argument(
+        "-i", "--inventory", metavar="INVENTORY", help="pyinfra inventory file (see docs)"
+    )
+    where.add_argument("--local", action="store_true", help="this machine only")
+    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+
+
+def flags_from(args: argparse.Namespace, **names: str) -> Flags:
+    """The operator options given on this command line, checked before any host is touched
+    (names: this command's own spelling of a flag, e.g. run's --host for the bind address)."""
+    return check_flags(
+        Flags(
+            port=getattr(args, "port", None),
+            bind=getattr(args, "bind", None),
+            models_dir=getattr(args, "models_dir", None),
+            engine=getattr(args, "engine", None),
+            context=getattr(args, "context", None),
+            extra_args=tuple(getattr(args, "extra", ()) or ()),
+            allow_draft=getattr(args, "allow_draft", False),
+            flag_names=names or None,
+        )
+    )
+
+
+class Refused(TensorlessError):
+    """A host plan refused; its failed checks say why and how to fix each."""
+
+    def __init__(self, what: str, checks: Sequence[Check]) -> None:
+        super().__init__(f"{what}: refused on this machine")
+        self.failed_checks = tuple(checks)
+
+    def lines(self) -> list[str]:
+        out = [self.message]
+        for c in self.failed_checks:
+            out.append(f"  {c.id}: {c.evidence}")
+            if c.fix:
+                out.append(f"    fix: {c.fix}")
+        return out
+
+
+def result_json(r: HostResult) -> dict[str, Any]:
+    return {
+        "host": r.host,
+        "outcome": r.outcome,
+        "ok": r.ok,
+        "reason": r.reason,
+        "recipe": r.recipe,
+        "recipe_digest": r.recipe_digest,
+        "card": r.card,
+        "address": r.address,
+        "addresses": list(r.addresses),
+        "transfer": r.transfer,
+        "tuned": None if r.tuning is None else r.tuning.tuned,
+        "untuned_reasons": [] if r.tuning is None else list(r.tuning.reasons),
+        "failed_checks": [
+            {"id": c.id, "evidence": c.evidence, "fix": c.fix} for c in r.failed_checks
+        ],
+        "steps": [
+            {"name": s.name, "outcome": s.outcome, "output": list(s.output)} for s in r.steps
+        ],
+    }
+
+
+def untuned_line(reasons: Sequence[str]) -> str:
+    return (
+        paint("untuned", "33") + ": " + "; ".join(reasons) + " (the receipt's numbers do not apply)"
+    )
+
+
+def print_results(results: Sequence[HostResult], verbose: int) -> None:
+    for r in results:
+        head = f"{r.host}: {paint(r.outcome, COLOURS.get(r.outcome, '0'))}"
+        if r.card:
+            head += f"  {r.recipe}"
+        if r.address and r.ok:
+            head += f"  serving on {r.address}"
+        print(head)
+        if r.transfer and r.transfer.startswith("push"):
+            print(f"  transfer: {r.transfer}")
+        if r.tuning is not None and not r.tuning.tuned:
+            print("  " + untuned_line(r.tuning.reasons))
+        if r.reason and not r.ok:
+            print(f"  {r.reason}")
+        for c in r.failed_checks:
+            if c.fix:
+                print(f"  fix {c.id}: {c.fix}")
+        for s in r.steps:
+            if s.outcome == "failed" or verbose:
+                print(f"  {s.name}: {s.outcome}")
+                for line in s.output if (s.outcome == "failed" or verbose > 1) else ():
+                    print(f"    {line}")
+
+
+class Bar:
+    """A one-line progress bar on stderr (redrawn only on a terminal, at most 10 times a second)."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.last = label, total, 0.0
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.tty or (now - self.last < 0.1 and done < total):
+            return
+        self.last = now
+        pct = 100 * done / total if total else 100.0
+        bar = "#" * int(pct / 5)
+        sys.stderr.write(
+            f"\r{self.label} [{bar:<20}] {pct:5.1f}% {done / 1e6:,.1f}/{total / 1e6:,.1f} MB"
+        )
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()

@@ -1,0 +1,197 @@
+"""The operator's options for one host, resolved in one place for every command.
+
+Precedence, the same everywhere: a value given on the command line wins over the host's
+inventory data, which wins over the default. Every value is validated here, once: a bad flag is
+a usage error naming the flag, bad host data an inventory error naming the host and the key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from tensorless_deploy.errors import InventoryError, UsageError
+from tensorless_deploy.hub import DEFAULT_MODELS_DIR
+
+EngineChoice = Literal["auto", "podman", "docker"]
+ENGINE_CHOICES: tuple[EngineChoice, ...] = ("auto", "podman", "docker")
+DEFAULT_PORT = 8080
+DEFAULT_BIND = "127.0.0.1"
+
+# Inventory host data keys this tool reads (inventories/example.py documents them); everything
+# else in host data belongs to pyinfra and its connectors.
+DATA_PORT = "tensorless_port"
+DATA_BIND = "tensorless_bind"
+DATA_MODELS_DIR = "tensorless_models_dir"
+DATA_ENGINE = "tensorless_engine"
+DATA_GPUS = "tensorless_gpus"  # offline planning: the GPUs as nvidia-smi would list them
+DATA_KEYS = (DATA_PORT, DATA_BIND, DATA_MODELS_DIR, DATA_ENGINE, DATA_GPUS)
+
+_MODELS_DIR = re.compile(r"/[A-Za-z0-9._/+-]*")
+
+
+def is_ip_address(text: str) -> bool:
+    """An IP literal without a %zone (it lands raw in unit files and URLs)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return "%" not in text
+
+
+def address(bind: str, port: int) -> str:
+    """host:port as a URL writes it (an IPv6 literal in brackets)."""
+    return f"[{bind}]:{port}" if ":" in bind else f"{bind}:{port}"
+
+
+def reach_host(bind: str) -> str:
+    """Where a client on the same host reaches a server bound to ``bind``: the loopback of the
+    same family for a wildcard bind, else the bind address itself."""
+    if bind == "0.0.0.0":
+        return "127.0.0.1"
+    if bind == "::":
+        return "::1"
+    return bind
+
+
+def _port(v: object) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 65536:
+        return None
+    return "must be a port number 1-65535"
+
+
+def _bind(v: object) -> str | None:
+    if isinstance(v, str) and is_ip_address(v):
+        return None
+    return "must be an IP address such as 127.0.0.1 or 0.0.0.0"
+
+
+def _models_dir(v: object) -> str | None:
+    ok = (
+        isinstance(v, str)
+        and _MODELS_DIR.fullmatch(v) is not None
+        and v != "/"
+        and posixpath.normpath(v) == v
+        and ".." not in v.split("/")
+    )
+    return None if ok else "must be a clean absolute path of letters, digits and . _ / + -"
+
+
+def _engine(v: object) -> str | None:
+    return None if v in ENGINE_CHOICES else "must be podman, docker or auto"
+
+
+def _context(v: object) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        return None
+    return "must be a positive number of tokens"
+
+
+Rule = Callable[[object], "str | None"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One operator option: where the inventory says it, the flag that overrides it, its rule."""
+
+    name: str
+    data_key: str | None
+    flag: str
+    rule: Rule
+    default: Any
+
+
+SETTINGS = (
+    Setting("port", DATA_PORT, "--port", _port, DEFAULT_PORT),
+    Setting("bind", DATA_BIND, "--bind", _bind, DEFAULT_BIND),
+    Setting("models_dir", DATA_MODELS_DIR, "--models-dir", _models_dir, DEFAULT_MODELS_DIR),
+    Setting("engine", DATA_ENGINE, "--engine", _engine, "auto"),
+    Setting("context", None, "--context", _context, None),
+)
+
+
+@dataclass(frozen=True)
+class Flags:
+    """What the command line said; None: not given."""
+
+    port: int | None = None
+    bind: str | None = None
+    models_dir: str | None = None
+    engine: str | None = None
+    context: int | None = None
+    extra_args: tuple[str, ...] = ()
+    allow_draft: bool = False
+    flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)
+
+    def spelled(self, setting: Setting) -> str:
+        return (self.flag_names or {}).get(setting.name, setting.flag)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the operator chose for one host, resolved and validated."""
+
+    port: int = DEFAULT_PORT
+    bind: str = DEFAULT_BIND
+    models_dir: str = DEFAULT_MODELS_DIR
+    engine: EngineChoice = "auto"
+    context: int | None = None  # None: the recipe's own (tuned)
+    extra_args: tuple[str, ...] = ()
+    allow_draft: bool = False
+    local: bool = False  # this machine: `run` needs no systemd
+
+
+def _show(value: object) -> str:
+    return repr(value) if not isinstance(value, str) else f'"{value}"'
+
+
+def check_flags(flags: Flags) -> Flags:
+    """Refuse a bad command-line value before any host is touched (usage error, exit 2)."""
+    for s in SETTINGS:
+        value = getattr(flags, s.name)
+        if value is None:
+            continue
+        why = s.rule(value)
+        if why is not None:
+            raise UsageError(f"{flags.spelled(s)} {value}: {why}")
+    return flags
+
+
+def resolve(
+    flags: Flags = Flags(),
+    data: Mapping[str, object] | None = None,
+    host: str | None = None,
+    *,
+    local: bool = False,
+) -> Options:
+    """One host's options: flag, else host data, else default; each validated."""
+    check_flags(flags)
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        value = getattr(flags, s.name)
+        if value is None and s.data_key is not None and data is not None:
+            given = data.get(s.data_key)
+            if given is not None:
+                why = s.rule(given)
+                if why is not None:
+                    raise InventoryError(
+                        f"{host or 'host data'}: {s.data_key}: {why} (got {_show(given)})",
+                        fix=f"correct {s.data_key} in the inventory, or override with "
+                        f"{flags.spelled(s)}",
+                    )
+                value = given
+        values[s.name] = s.default if value is None else value
+    return Options(
+        port=values["port"],
+        bind=values["bind"],
+        models_dir=values["models_dir"],
+        engine=cast(EngineChoice, values["engine"]),
+        context=values["context"],
+        extra_args=tuple(flags.extra_args),
+        allow_draft=flags.allow_draft,
+        local=local,
+    )

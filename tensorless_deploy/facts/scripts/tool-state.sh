@@ -1,0 +1,29 @@
+#!/bin/sh
+# What tensorless-deploy put on this host, for the survey (read by facts.parsers.parse_tool_state):
+# its unit files (sha256, io.tensorless.* labels, /health at the labelled URL), the model blobs
+# under the models directory with their verification stamps, and the images the engine holds.
+: "${models_dir:?}" "${state_dir:?}"
+hashit() { (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d' ' -f1; }
+for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tensorless-*.service; do
+  [ -f "$f" ] || continue
+  echo "@unit $(hashit "$f") $f"
+  grep -o 'io\.tensorless\.[a-z-]*=[^" ]*' "$f" | sed 's/^/@label /'
+  url=$(grep -o 'io\.tensorless\.health=[^" ]*' "$f" | head -n 1 | cut -d= -f2-)
+  if [ -n "$url" ]; then
+    echo "@health $(curl -s -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"
+  fi
+done
+for b in "$models_dir"/models--*/blobs/*; do
+  [ -f "$b" ] || continue
+  echo "@blob $(stat -c '%s %Y' "$b") $b"
+  s="$state_dir/verified/${b##*/}"
+  if [ -f "$s" ]; then echo "@stamp $(cat "$s")"; fi
+done
+for engine in podman docker; do
+  command -v "$engine" >/dev/null 2>&1 || continue
+  if "$engine" images --digests --format '@image {{.Repository}}@{{.Digest}}' 2>/dev/null; then
+    echo "@images-ok $engine"
+  fi
+  break
+done
+exit 0

@@ -1,0 +1,119 @@
+"""Reaching many hosts at once: pyinfra's state, connections and fact reads fanned out over its
+own pool (so its parallel limit holds); an unreachable host becomes one error text, and the
+others still report."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from tensorless_deploy.decisions.options import Flags
+from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.hostplan.plan import SurveyedHost
+
+CONNECT_TIMEOUT_S = 10
+T = TypeVar("T")
+
+
+def new_state(inventory: Any) -> Any:
+    from pyinfra.api.config import Config
+    from pyinfra.api.state import State
+
+    # pyinfra logs every connection and command; our own output says what matters.
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+    return State(inventory, Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_S))
+
+
+def _connect(host: Any) -> str | None:
+    from pyinfra.api.exceptions import ConnectError
+
+    try:
+        host.connect(show_errors=False, raise_exceptions=True)
+    except ConnectError as exc:
+        return f"cannot connect: {exc.args[0] if exc.args else exc}"
+    except OSError as exc:
+        return f"cannot connect: {exc}"
+    return None
+
+
+def on_each_host(
+    state: Any, hosts: Sequence[Any], job: Callable[[Any], T], *, keep_connected: bool = False
+) -> list[T | str]:
+    """Connect to every host and run job(host) on each, in parallel on pyinfra's own pool (its
+    PARALLEL limit holds). A host that cannot be reached, or whose facts cannot be read, gives
+    the error text instead of a result."""
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.context import ctx_host, ctx_state
+
+    def one(host: Any) -> T | str:
+        error = _connect(host)
+        if error is not None:
+            return error
+        state.activate_host(host)  # operations run only on activated hosts
+        try:
+            with ctx_state.use(state), ctx_host.use(host):
+                return job(host)
+        except PyinfraError as exc:
+            return f"cannot read facts: {exc}"
+        except TensorlessError as exc:
+            return exc.lines()[0]
+
+    with ctx_state.use(state):
+        jobs = [state.pool.spawn(one, h) for h in hosts]
+        state.pool.join()
+    try:
+        return [j.get() for j in jobs]
+    finally:
+        if not keep_connected:
+            disconnect(hosts)
+
+
+def survey_hosts(
+    state: Any,
+    hosts: Sequence[Any],
+    flags: Flags,
+    *,
+    local: bool = False,
+    keep_connected: bool = False,
+) -> list[SurveyedHost]:
+    """Each host's options (validated before any connection) and facts, read in one round trip
+    per host, all hosts in parallel; nothing is changed. With keep_connected, the connections
+    stay open for the operations that follow."""
+    from tensorless_deploy.facts.pyinfra import HostSurvey
+
+    options = {h.name: options_for(h, flags, local=local) for h in hosts}
+
+    def survey(host: Any) -> HostFacts | None:
+        facts: HostFacts | None = host.get_fact(
+            HostSurvey, models_dir=options[host.name].models_dir
+        )
+        return facts
+
+    results = on_each_host(state, hosts, survey, keep_connected=keep_connected)
+    out = []
+    for host, r in zip(hosts, results, strict=True):
+        opts = options[host.name]
+        if isinstance(r, str):
+            out.append(SurveyedHost(host.name, opts, None, r))
+        elif r is None:
+            out.append(SurveyedHost(host.name, opts, None, "cannot read facts"))
+        else:
+            out.append(SurveyedHost(host.name, opts, r))
+    return out
+
+
+def disconnect(hosts: Sequence[Any]) -> None:
+    for host in hosts:
+        if host.connected:
+            host.disconnect()
+
+
+def host_fact(state: Any, host: Any, fact: Any, **kwargs: Any) -> Any:
+    """One fact from one connected host, outside of any operation."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    with ctx_state.use(state), ctx_host.use(host):
+        return host.get_fact(fact, **kwargs)

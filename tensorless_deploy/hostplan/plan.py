@@ -1,0 +1,245 @@
+"""The host plan: one pure function from (host facts, the catalog's recipes for a model, resolved
+options) to what that host serves and why.
+
+It chooses the recipe (the model's first recipe whose card a GPU here matches), judges the host
+with every check and its fix (decisions.checks), and lays out the instances to serve: the cards,
+the launch spec, the unit text, the paths and the address. doctor prints its verdict, plan sizes
+its cards, deploy and serve apply it, run starts its instance in the foreground, status and stop
+compare with it. They cannot disagree because there is nothing else to consult.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tensorless_deploy.decisions.checks import (
+    Check,
+    EngineName,
+    Existing,
+    Verdict,
+    gpu_fits_card,
+    host_verdict,
+    match_gpus,
+    no_card_verdict,
+    pick_engine,
+    state_refusal,
+)
+from tensorless_deploy.decisions.options import Options
+from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.facts.values import LABEL_PORT, Gpu, HostFacts
+from tensorless_deploy.hub import CachePaths, resolve_url
+from tensorless_deploy.launch.render import UnitFile, render_quadlet, render_service
+from tensorless_deploy.launch.spec import LaunchSpec, build_launch_spec, unit_name
+from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths
+from tensorless_deploy.recipe.schema import Recipe
+
+# Where an engine lives when the survey could not say (surveys older than the engine-paths
+# section): the distributions' own packages put both here.
+DEFAULT_ENGINE_BINS: dict[EngineName, str] = {
+    "podman": "/usr/bin/podman",
+    "docker": "/usr/bin/docker",
+}
+# Checks that decide whether the machine has the card at all: with `run --dry-run` only these
+# refuse; the others are shown as what a real run would stop at.
+CARD_CHECKS = ("driver.present", "driver.loaded", "card.match", "driver.version")
+
+
+@dataclass(frozen=True)
+class SurveyedHost:
+    """One host after the survey: its resolved options, and its facts or why there are none."""
+
+    name: str
+    options: Options
+    facts: HostFacts | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One llama-server the host runs for the plan: its cards, its container, its unit."""
+
+    ordinal: int
+    gpus: tuple[Gpu, ...]
+    spec: LaunchSpec
+    unit: UnitFile | None  # None for a foreground run (no unit is written)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Everything one host needs for one model, decided before any command runs."""
+
+    host: str
+    model: str | None  # the model's repo id; None: readiness only (no MODEL asked)
+    options: Options
+    entry: Entry | None  # the recipe chosen for this host's cards
+    verdict: Verdict
+    instances: tuple[Instance, ...] = ()
+    paths: CachePaths | None = None
+    url: str | None = None  # where the host downloads the model
+    engine_bin: str | None = None
+    quadlet_bin: str | None = None
+    problem: str | None = None  # a value that cannot be written into a unit safely
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and self.problem is None and bool(self.instances)
+
+    @property
+    def recipe(self) -> Recipe | None:
+        return self.entry.recipe if self.entry is not None else None
+
+    @property
+    def card(self) -> str | None:
+        return self.entry.recipe.card.id if self.entry is not None else None
+
+    def failed(self) -> tuple[Check, ...]:
+        return self.verdict.failed()
+
+    def blocking(self, dry_run: bool) -> tuple[Check, ...]:
+        """The checks that stop the action: every failed one, or for a dry run only those
+        that say this machine lacks the card (the state table of a dry run is the CLI's)."""
+        failed = self.failed()
+        if not dry_run:
+            return failed
+        return tuple(c for c in failed if c.id in CARD_CHECKS)
+
+    def why(self) -> str:
+        """One line: the failed checks, or the problem."""
+        if self.problem:
+            return self.problem
+        return "; ".join(f"{c.id}: {c.evidence}" for c in self.failed()) or "refused"
+
+
+def select(entries: Sequence[Entry], facts: HostFacts) -> Entry | None:
+    """The model's recipe for this host: the first whose card a GPU here matches (the driver is a
+    check of its own, with the driver to install). When nvidia-smi cannot list the GPUs, the
+    first recipe, so that the driver checks say why; None: no card here fits any recipe."""
+    if facts.gpus.state != "ok":
+        return entries[0] if entries else None
+    for entry in entries:
+        if any(gpu_fits_card(g, entry.recipe) for g in facts.gpus.gpus):
+            return entry
+    return None
+
+
+def existing_on(facts: HostFacts, unit_names: Sequence[str], blob: str | None) -> Existing:
+    """What the tool already put there, as the survey read it (nothing known: nothing there)."""
+    tool = facts.tool
+    if tool is None:
+        return Existing()
+    ports = []
+    for u in tool.units:
+        port = u.labels.get(LABEL_PORT, "")
+        if port.isdigit():
+            ports.append((int(port), u.name))
+    own = tuple(n for n in unit_names if tool.unit(n) is not None)
+    present = blob is not None and tool.blob(blob) is not None
+    return Existing(own_units=own, model_present=present, port_units=tuple(ports))
+
+
+def engine_bin(facts: HostFacts, engine: EngineName) -> str:
+    """The engine's binary as the survey found it, else where the distributions put it."""
+    engines = facts.engines
+    found = None
+    if engines is not None:
+        found = engines.podman.path if engine == "podman" else engines.docker.path
+    return found or DEFAULT_ENGINE_BINS[engine]
+
+
+def _instances(
+    facts: HostFacts, entry: Entry, options: Options, gpus: Sequence[Gpu], engine: EngineName
+) -> list[tuple[str, int, tuple[Gpu, ...]]]:
+    """(unit name, port, cards) of each instance. One instance holds every usable card."""
+    if not gpus:
+        return []
+    return [(unit_name(entry.recipe), options.port, tuple(gpus))]
+
+
+def plan_host(
+    host: str,
+    facts: HostFacts,
+    entries: Sequence[Entry],
+    options: Options,
+    *,
+    units: bool = True,
+) -> HostPlan:
+    """The host plan for one model (all its recipes, catalog order). units: render the unit
+    files (deploy, serve, doctor); a foreground run needs none."""
+    model = entries[0].recipe.model.hf_repo if entries else None
+    entry = select(entries, facts)
+    if entry is None:
+        verdict = no_card_verdict(model or "?", [e.recipe for e in entries], facts, options)
+        return HostPlan(host, model, options, None, verdict)
+    recipe = entry.recipe
+    m = recipe.model
+    paths = model_paths(options.models_dir, recipe)
+    usable = match_gpus(recipe, facts.gpus.gpus).usable if facts.gpus.state == "ok" else ()
+    picked = pick_engine(facts, options.engine) if facts.engines is not None else None
+    engine: EngineName = picked or ("docker" if options.engine == "docker" else "podman")
+    layout = _instances(facts, entry, options, usable, engine)
+    existing = existing_on(facts, [name for name, _, _ in layout], paths.blob)
+    ports = [port for _, port, _ in layout] or [options.port]
+    verdict = host_verdict(facts, recipe, options, existing=existing, ports=ports)
+    binary = engine_bin(facts, engine)
+    podman = facts.engines.podman if facts.engines is not None else None
+    quadlet = units and engine == "podman" and podman is not None and podman.quadlet_supported
+    instances: list[Instance] = []
+    problem: str | None = None
+    for ordinal, (name, port, gpus) in enumerate(layout):
+        spec = build_launch_spec(
+            recipe,
+            engine=engine,
+            model_path=paths.blob,
+            gpu_uuids=[g.uuid for g in gpus if g.uuid is not None],
+            cpus=facts.cpus,
+            port=port,
+            bind=options.bind,
+            context=options.context,
+            extra_args=options.extra_args,
+            name=name,
+        )
+        unit: UnitFile | None = None
+        if units:
+            try:
+                if quadlet and podman is not None:
+                    unit = render_quadlet(
+                        spec, digest=entry.digest, notify_healthy=podman.notify_healthy_supported
+                    )
+                else:
+                    unit = render_service(spec, digest=entry.digest, engine_bin=binary)
+            except TensorlessError as exc:  # this host's values cannot make a safe unit
+                problem = exc.message
+        instances.append(Instance(ordinal, gpus, spec, unit))
+    return HostPlan(
+        host=host,
+        model=model,
+        options=options,
+        entry=entry,
+        verdict=verdict,
+        instances=tuple(instances),
+        paths=paths,
+        url=resolve_url(m.hf_repo, m.revision, m.file),
+        engine_bin=binary,
+        quadlet_bin=podman.quadlet_path if quadlet and podman is not None else None,
+        problem=problem,
+    )
+
+
+def readiness(host: str, facts: HostFacts, catalog: Catalog, options: Options) -> HostPlan:
+    """No model asked: is the host ready at all, and which of the catalog's recipes fit it."""
+    listing = [(e.path, e.recipe) for e in catalog.entries]
+    verdict = host_verdict(facts, None, options, listing, existing_on(facts, (), None))
+    return HostPlan(host, None, options, None, verdict)
+
+
+def dry_run_refusal(plan: HostPlan) -> str | None:
+    """The seed's state table for a dry run (an unpublished recipe is shown, a draft needs
+    --allow-draft); None when the preview may be shown."""
+    if plan.recipe is None:
+        return None
+    return state_refusal(plan.recipe, "dry_run", plan.options.allow_draft)

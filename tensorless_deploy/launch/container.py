@@ -1,0 +1,170 @@
+"""The one description of the container's options, formatted two ways: as `podman run` /
+`docker run` flags (the plain unit's ExecStart and the foreground run) and as quadlet
+``[Container]`` keys. Neither the template nor the renderers name an option themselves, so the
+three renderings cannot drift apart (tests/test_render_golden.py compares them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from tensorless_deploy.launch.spec import (
+    HEALTH_INTERVAL_S,
+    HEALTH_RETRIES,
+    HEALTH_STARTUP_INTERVAL_S,
+    HEALTH_TIMEOUT_S,
+    LaunchSpec,
+)
+
+Kind = Literal[
+    "health_cmd",
+    "health_interval",
+    "health_timeout",
+    "health_retries",
+    "health_start_period",
+    "name",
+    "network",
+    "cap_drop",
+    "no_new_privileges",
+    "volume",
+    "device",
+    "gpus",
+    "env",
+    "label",
+]
+Escape = Literal["raw", "word", "raw_words"]
+
+
+@dataclass(frozen=True)
+class Format:
+    """How one kind of option is spelled: its run flag, its quadlet key and how quadlet takes
+    the value (raw, one quoted word, or several raw words)."""
+
+    flag: str
+    key: str | None  # None: no quadlet key (docker only)
+    escape: Escape = "raw"
+    quadlet_value: str | None = None  # the quadlet value when it differs from the flag's
+
+
+FORMATS: dict[Kind, Format] = {
+    "health_cmd": Format("--health-cmd", "HealthCmd", "raw_words"),
+    "health_interval": Format("--health-interval", "HealthInterval"),
+    "health_timeout": Format("--health-timeout", "HealthTimeout"),
+    "health_retries": Format("--health-retries", "HealthRetries"),
+    "health_start_period": Format("--health-start-period", "HealthStartPeriod"),
+    "name": Format("--name", "ContainerName"),
+    "network": Format("--network", "Network"),
+    "cap_drop": Format("--cap-drop", "DropCapability"),
+    "no_new_privileges": Format("--security-opt", "NoNewPrivileges", quadlet_value="true"),
+    "volume": Format("--volume", "Volume"),
+    "device": Format("--device", "AddDevice"),
+    "gpus": Format("--gpus", None),
+    "env": Format("--env", "Environment", "word"),
+    "label": Format("--label", "Label", "word"),
+}
+# The order of the [Container] keys (the run flags keep the order of container_options).
+QUADLET_ORDER: tuple[Kind, ...] = (
+    "name",
+    "network",
+    "volume",
+    "device",
+    "env",
+    "label",
+    "cap_drop",
+    "no_new_privileges",
+    "health_cmd",
+    "health_interval",
+    "health_timeout",
+    "health_retries",
+    "health_start_period",
+)
+
+
+@dataclass(frozen=True)
+class Option:
+    kind: Kind
+    value: str
+
+
+def health_command(spec: LaunchSpec) -> tuple[str, ...]:
+    return ("curl", "-fsS", spec.health_url)
+
+
+def container_options(spec: LaunchSpec, *, health: bool) -> tuple[Option, ...]:
+    """Every option of the container, in run-flag order. health: the engine's own health
+    check (the units have it; a foreground run polls /health itself instead)."""
+    opts: list[Option] = []
+    if health:
+        opts += [
+            Option("health_cmd", " ".join(health_command(spec))),
+            Option("health_interval", f"{HEALTH_INTERVAL_S}s"),
+            Option("health_timeout", f"{HEALTH_TIMEOUT_S}s"),
+            Option("health_retries", str(HEALTH_RETRIES)),
+            Option("health_start_period", f"{spec.start_timeout_s}s"),
+        ]
+    opts += [
+        Option("name", spec.name),
+        Option("network", "host"),
+        Option("cap_drop", "all"),
+        Option("no_new_privileges", "no-new-privileges"),
+        Option("volume", f"{spec.model_path}:{spec.model_mount}:ro"),
+    ]
+    if spec.engine == "docker":
+        if spec.gpu_uuids:
+            # docker reads --gpus as one CSV record: several ids need the field quoted
+            # ('"device=a,b"'), else "b" is taken as a field of its own and refused.
+            devices = "device=" + ",".join(spec.gpu_uuids)
+            opts.append(Option("gpus", devices if len(spec.gpu_uuids) == 1 else f'"{devices}"'))
+    else:
+        opts += [Option("device", dev) for dev in spec.cdi_devices]
+    opts += [Option("env", f"{k}={v}") for k, v in spec.env]
+    opts += [Option("label", f"{k}={v}") for k, v in spec.labels]
+    return tuple(opts)
+
+
+def run_flags(options: tuple[Option, ...]) -> list[str]:
+    """`podman run` / `docker run` flags, in order."""
+    out: list[str] = []
+    for o in options:
+        out += [FORMATS[o.kind].flag, o.value]
+    return out
+
+
+def run_argv(spec: LaunchSpec, engine_bin: str, *, health: bool) -> list[str]:
+    """The whole `ENGINE run` command line: the plain unit's ExecStart (health=True) and the
+    foreground run (health=False)."""
+    return [
+        engine_bin,
+        "run",
+        "--rm",
+        "--pull=never",
+        *run_flags(container_options(spec, health=health)),
+        spec.image,
+        *spec.server_args,
+    ]
+
+
+def quadlet_keys(options: tuple[Option, ...]) -> list[tuple[str, str, Escape]]:
+    """The [Container] keys (key, value, how quadlet takes it), in QUADLET_ORDER."""
+    rank = {kind: i for i, kind in enumerate(QUADLET_ORDER)}
+    out: list[tuple[str, str, Escape]] = []
+    for o in sorted(options, key=lambda o: rank[o.kind]):
+        f = FORMATS[o.kind]
+        if f.key is None:
+            raise ValueError(f"{o.kind}: no quadlet key (a docker option)")
+        value = o.value if f.quadlet_value is None else f.quadlet_value
+        out.append((f.key, value, f.escape))
+    return out
+
+
+def quadlet_startup_keys(spec: LaunchSpec) -> list[tuple[str, str, Escape]]:
+    """podman 5's startup health check, which makes Notify=healthy report ready within a
+    second of the model loading (the 30 s interval alone would hold the start that long)."""
+    return [
+        ("HealthStartupCmd", " ".join(health_command(spec)), "raw_words"),
+        ("HealthStartupInterval", f"{HEALTH_STARTUP_INTERVAL_S}s", "raw"),
+        ("HealthStartupTimeout", f"{HEALTH_TIMEOUT_S}s", "raw"),
+        ("HealthStartupSuccess", "1", "raw"),
+        ("Notify", "healthy", "raw"),
+    ]

@@ -1,0 +1,152 @@
+"""The recipe's model in this machine's Hugging Face cache: resumable, hashed while the bytes
+arrive, verified before it is renamed into place, readable by huggingface_hub afterwards.
+
+Not ``huggingface_hub.hf_hub_download``: it does not resume across processes (each call starts a
+fresh ``.incomplete`` from zero) and checks only the size, so the file would have to be read a
+second time to verify it; here the one read that downloads it also hashes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.hub import CachePaths, resolve_url
+from tensorless_deploy.recipe.catalog import model_paths
+from tensorless_deploy.recipe.schema import Recipe
+
+CHUNK = 1 << 20
+RETRIES = 5
+
+
+class LocalError(TensorlessError):
+    """Something on this machine stopped the command."""
+
+
+def _hash_file(path: Path, h: Any) -> None:
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+
+
+def _stamp_of(paths: CachePaths) -> str:
+    st = Path(paths.blob).stat()
+    return paths.stamp_text(st.st_size, int(st.st_mtime))
+
+
+def model_is_verified(paths: CachePaths) -> bool:
+    blob, stamp = Path(paths.blob), Path(paths.stamp)
+    return blob.is_file() and stamp.is_file() and stamp.read_text().strip() == _stamp_of(paths)
+
+
+def _link(paths: CachePaths) -> None:
+    snap = Path(paths.snapshot)
+    snap.parent.mkdir(parents=True, exist_ok=True)
+    tmp = snap.with_name(f".{snap.name}.tensorless-link")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(paths.link_target)
+    os.replace(tmp, snap)
+
+
+def _write_stamp(paths: CachePaths) -> None:
+    stamp = Path(paths.stamp)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    tmp = stamp.with_name(stamp.name + ".tmp")
+    tmp.write_text(_stamp_of(paths) + "\n")
+    os.replace(tmp, stamp)
+
+
+Progress = Callable[[int, int], None]  # (bytes so far, total)
+
+
+def fetch_model(
+    recipe: Recipe,
+    cache_dir: str,
+    *,
+    token: str | None = None,
+    progress: Progress | None = None,
+) -> tuple[Path, int]:
+    """The recipe's GGUF in cache_dir (Hub layout), resumable, hashed while the bytes arrive and
+    verified before it is renamed into place. Returns the blob and the bytes downloaded now;
+    a file verified earlier (same size and mtime) is neither downloaded nor hashed again."""
+    m = recipe.model
+    paths = model_paths(cache_dir, recipe)
+    blob, partial = Path(paths.blob), Path(paths.partial)
+    if model_is_verified(paths):
+        _link(paths)
+        return blob, 0
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    if blob.is_file():  # present but not verified by us: verify it, never trust it
+        h = hashlib.sha256()
+        _hash_file(blob, h)
+        if h.hexdigest() != m.sha256:
+            blob.unlink()
+        else:
+            _write_stamp(paths)
+            _link(paths)
+            return blob, 0
+    h = hashlib.sha256()
+    have = partial.stat().st_size if partial.is_file() else 0
+    if have > m.size_bytes:
+        partial.unlink()
+        have = 0
+    if have:
+        _hash_file(partial, h)  # resume: the bytes already here count toward the hash
+    fetched = 0
+    url = resolve_url(m.hf_repo, m.revision, m.file)
+    attempt = 0
+    while have < m.size_bytes:
+        if attempt >= RETRIES:
+            raise LocalError(
+                f"download of {url} stopped at {have} of {m.size_bytes} bytes after "
+                f"{attempt} attempts",
+                fix="run the command again: it resumes where it stopped",
+            )
+        attempt += 1
+        req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"})
+        if token:
+            req.add_unredirected_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp, partial.open("ab") as out:
+                if have and resp.status != 206:
+                    raise LocalError(f"{url}: the server ignored the Range request; cannot resume")
+                while True:
+                    block = resp.read(CHUNK)
+                    if not block:
+                        break
+                    out.write(block)
+                    h.update(block)
+                    have += len(block)
+                    fetched += len(block)
+                    if progress:
+                        progress(have, m.size_bytes)
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            if isinstance(exc, urllib.error.HTTPError) and exc.code in (401, 403, 404):
+                raise LocalError(
+                    f"{m.hf_repo}@{m.revision[:12]}/{m.file}: HTTP {exc.code} from {url}",
+                    fix="check the recipe's repo and revision, and HF_TOKEN for a gated repo",
+                ) from exc
+            if attempt >= RETRIES:
+                raise LocalError(
+                    f"download of {url} stopped at {have} of {m.size_bytes} bytes: {exc}",
+                    fix="run the command again: it resumes where it stopped",
+                ) from exc
+            time.sleep(min(2**attempt, 10) / 4)
+    if have != m.size_bytes or h.hexdigest() != m.sha256:
+        partial.unlink(missing_ok=True)
+        raise LocalError(
+            f"{m.file}: downloaded {have} bytes with sha256 {h.hexdigest()}, not {m.sha256}: "
+            "refused and deleted",
+            fix="check HF_ENDPOINT and the recipe's sha256; run again to download afresh",
+        )
+    os.replace(partial, blob)
+    _write_stamp(paths)
+    _link(paths)
+    return blob, fetched

@@ -1,0 +1,101 @@
+"""operations.model: a model file in the Hugging Face cache layout, verified by sha256."""
+
+from __future__ import annotations
+
+import posixpath
+from io import StringIO
+
+from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+
+from tensorless_deploy.facts.pyinfra import ModelBlob
+from tensorless_deploy.hub import cache_paths, host_state_dir, resolve_url
+from tensorless_deploy.operations._run import Commands, script
+
+SECRETS_DIR = "/run/tensorless"
+DOWNLOAD_ATTEMPTS = 5
+
+
+@operation(is_idempotent=True)
+def model(
+    models_dir: str,
+    repo: str,
+    revision: str,
+    filename: str,
+    sha256: str,
+    size: int,
+    url: str | None = None,
+    token: str | None = None,
+    pushed: bool = False,
+) -> Commands:
+    """
+    Make one model file present under ``models_dir`` in the Hugging Face cache layout
+    (``models--ORG--NAME/blobs/<sha256>``, linked from ``snapshots/<revision>/<file>``):
+    downloaded with resume through a partial file, verified by sha256 before it is renamed into
+    place, and not hashed again while its size and mtime match the stamp the last verification
+    left (in ``<models_dir>.state``).
+
+    + models_dir: the cache directory on the host, e.g. ``/var/lib/tensorless/models``
+    + repo: the Hub repository, ``org/name``
+    + revision: the pinned commit (40 hex characters)
+    + filename: the file's path in the repository
+    + sha256: the file's sha256; any other bytes are deleted, never used
+    + size: the file's exact size in bytes
+    + url: where the host downloads it (default: the Hub's resolve URL at the revision,
+      ``HF_ENDPOINT`` honoured)
+    + token: a Hub token for gated repositories; it reaches the host as a 0600 file read by
+      ``curl -H @file``, never in argv, a unit or a log
+    + pushed: the controller has sent the bytes into the partial file: verify them, download
+      nothing
+
+    **Example:**
+
+    .. code:: python
+
+        from tensorless_deploy.operations import model
+
+        model.model(
+            name="model file",
+            models_dir="/var/lib/tensorless/models",
+            repo="iamMrDuncan/Qwen3.8-27B-PN3-GGUF",
+            revision="c701b6690ec360b16d40f85df1cb76062e30cd38",
+            filename="Qwen3.8-27B-PN3-P0k19.gguf",
+            sha256="15ce2d4469673f1f1753c55de3780cfe04311dd6f05cb41633d73df128e91476",
+            size=12954114496,
+        )
+    """
+    paths = cache_paths(models_dir, host_state_dir(models_dir), repo, revision, filename, sha256)
+    state = host.get_fact(ModelBlob, blob=paths.blob, stamp=paths.stamp, snapshot=paths.snapshot)
+    where = dict(
+        blob=paths.blob, stamp=paths.stamp, snapshot=paths.snapshot, target=paths.link_target
+    )
+    if state.verified:
+        if state.link == paths.link_target:
+            host.noop(f"model {sha256[:12]} verified earlier; size and mtime unchanged")
+            return
+        yield script("model-link", **where)
+        return
+    if state.exists:
+        yield script("model-verify", sha=sha256, **where)
+        return
+    if pushed:
+        yield script("model-arrived", sha=sha256, partial=paths.partial, size=size, **where)
+        return
+    auth = ""
+    if token:
+        # The token travels as a file read by curl -H @file: never in argv, units or logs.
+        auth = posixpath.join(SECRETS_DIR, f"hf-auth-{sha256[:16]}")
+        yield StringCommand("install", "-d", "-m", "700", SECRETS_DIR)
+        yield FileUploadCommand(StringIO(f"Authorization: Bearer {token}\n"), auth)
+        yield StringCommand("chmod", "600", auth)
+    yield script(
+        "model-download",
+        sha=sha256,
+        partial=paths.partial,
+        size=size,
+        url=url or resolve_url(repo, revision, filename),
+        attempts=DOWNLOAD_ATTEMPTS,
+        auth=auth,
+        **where,
+    )

@@ -1,0 +1,52 @@
+#!/bin/sh
+# (Re)start a unit and wait for /health 200; a new unit that fails gives way to the previous one.
+: "${svc:?}" "${url:?}" "${timeout:?}" "${path:?}" "${kind:?}" "${verb:?}"
+poll() {  # until /health answers 200, the unit fails, or the deadline passes
+  deadline=$(( $(date +%s) + $1 ))
+  while :; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" 2>/dev/null || true)
+    [ "$code" = 200 ] && return 0
+    st=$(systemctl is-active "$svc" 2>/dev/null || true)
+    if [ "$st" = failed ]; then last="unit failed"; return 1; fi
+    # llama-server never exits while it loads: a restart means it died (bad flag, bad file)
+    nr=$(systemctl show -p NRestarts --value "$svc" 2>/dev/null || echo 0)
+    if [ "${nr:-0}" -gt 0 ]; then last="the server exited and systemd restarted it"; return 1; fi
+    last="HTTP ${code:-000} (${st})"
+    [ "$(date +%s)" -ge "$deadline" ] && return 1
+    sleep 1
+  done
+}
+t0=$(date +%s)
+last=""
+systemctl daemon-reload
+[ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
+# Blocking: the old instance is gone before the first poll (with Notify=healthy, the start
+# job itself waits for the container's health check).
+if timeout "$timeout" systemctl "$verb" "$svc" 2>/dev/null && poll "$timeout"; then
+  rm -f "$path.tensorless-prev"
+  echo "$svc healthy after $(( $(date +%s) - t0 )) s at $url"
+  exit 0
+fi
+echo "$svc not healthy within $timeout s: ${last:-the start job failed}." \
+  "Last journal lines:" >&2
+journalctl -u "$svc" -n 30 --no-pager -o cat 2>&1 | sed 's/^/  | /' >&2
+if [ "$verb" = start ]; then
+  exit 1  # the unit did not change: nothing to restore, nothing to remove
+fi
+if [ -f "$path.tensorless-prev" ]; then
+  mv -f "$path.tensorless-prev" "$path"
+  systemctl daemon-reload
+  timeout "$timeout" systemctl restart "$svc" 2>/dev/null
+  if poll "$timeout"; then
+    echo "restored the previous unit; it is healthy again" >&2
+  else
+    echo "restored the previous unit, but it is not healthy either: $last" >&2
+  fi
+else
+  systemctl stop "$svc" 2>/dev/null
+  [ "$kind" = service ] && systemctl disable -q "$svc" 2>/dev/null
+  rm -f "$path"
+  systemctl daemon-reload
+  echo "removed the new unit: nothing served here before it" >&2
+fi
+exit 1
