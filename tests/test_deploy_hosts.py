@@ -134,6 +134,12 @@ def test_deploy_three_hosts_serves_then_converged_run_changes_nothing(fleet: Fle
         assert fleet.by_host(report)[name]["outcome"] == "unchanged", out
         assert set(fleet.steps(report, name).values()) == {"unchanged"}
     assert fleet.bytes_served() == 0  # no model bytes moved, nothing hashed again
+    # a dry run of a converged host says so, step by step (the restart too: its unit is unchanged)
+    rc, dry, out = fleet.deploy("gpu1", "gpu2", "legacy1", dry=True)
+    assert rc == 0, out
+    for name in ("gpu1", "gpu2", "legacy1"):
+        assert fleet.by_host(dry)[name]["outcome"] == "no change", out
+        assert set(fleet.steps(dry, name).values()) == {"no change"}, fleet.steps(dry, name)
 
 
 def test_files_labels_and_socket(fleet: Fleet, testinfra_hosts: dict[str, Any]) -> None:
@@ -173,8 +179,13 @@ def test_recipe_change_restarts_only_what_changed(fleet: Fleet) -> None:
     fleet.write(context=1024)
     rc, dry, out = fleet.deploy("gpu1", dry=True)
     assert rc == 0 and fleet.by_host(dry)["gpu1"]["outcome"] == "would change", out
-    assert fleet.steps(dry, "gpu1")["unit"] == "would change"
-    assert fleet.steps(dry, "gpu1")["model"] == "no change"
+    assert fleet.steps(dry, "gpu1") == {
+        "image": "no change",
+        "model": "no change",
+        "unit": "would change",
+        "restart": "would change",
+        "serving": "no change",
+    }, fleet.steps(dry, "gpu1")
     assert "1024" not in fleet.sh("gpu1", f"cat /etc/containers/systemd/{UNIT}.container")
     rc, second, out = fleet.deploy("gpu1")
     assert rc == 0, out

@@ -173,4 +173,10 @@ def register(command: Command) -> None:
         "--offline", action="store_true", help="plan from inventory data (tensorless_gpus), no SSH"
     )
     p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
+    p.add_argument(
+        "--port", type=int, metavar="N", help="serving port (default: tensorless_port, else 8080)"
+    )
+    p.add_argument(
+        "--bind", metavar="ADDR", help="serving address (default: tensorless_bind, else 127.0.0.1)"
+    )
     recipes_flag(p)
