@@ -144,8 +144,15 @@ finalize_runtime() {  # ROOT OUT: llama-server into the runtime tree, then make 
   done
   in_root "$root" ldconfig
   rm -f "$root/var/cache/ldconfig/aux-cache"
-  # every library resolves except libcuda.so.1, which CDI or the container toolkit mounts
-  in_root "$root" ldd /usr/bin/llama-server >"$WORK/logs/ldd.txt" 2>&1 || true
+  # every library of llama-server and of its backend modules resolves except libcuda.so.1, which
+  # CDI or the container toolkit mounts from the host driver
+  : >"$WORK/logs/ldd.txt"
+  local f
+  for f in /usr/bin/llama-server $(cd "$root" && find usr/lib/llama-server -name '*.so*' -type f | sort); do
+    { echo "== $f"; in_root "$root" ldd "/${f#/}" 2>&1 || true; } >>"$WORK/logs/ldd.txt"
+  done
+  grep -q 'libcudart\.so\.12 => ' "$WORK/logs/ldd.txt" \
+    || die "no library in the runtime tree links the CUDA runtime: not a CUDA build? read $WORK/logs/ldd.txt"
   if grep -v 'libcuda\.so\.1' "$WORK/logs/ldd.txt" | grep -q 'not found'; then
     grep 'not found' "$WORK/logs/ldd.txt" >&2
     die "unresolved libraries in the runtime tree (libcuda.so.1 is the only one allowed); read $WORK/logs/ldd.txt"

@@ -101,13 +101,17 @@ for lib in libcudart.so.12 libcublas.so.12 libcublasLt.so.12; do
 done
 ok "CUDA runtime and cuBLAS: libcudart.so.12 libcublas.so.12 libcublasLt.so.12"
 # nothing else: no compiler, no CUDA toolkit, no headers, no other CUDA library, no driver
-extra=$(cd "$R" || exit 1; find . \( -path ./proc -o -path ./sys \) -prune -o \( -type f -o -type l \) \( \
-    -name gcc -o -name 'gcc-[0-9]*' -o -name cc -o -name c++ -o -name 'g++*' -o -name clang \
-    -o -name nvcc -o -name ptxas -o -name cicc -o -name fatbinary -o -name nvlink -o -name cmake \
-    -o -name make -o -name ld -o -name 'ld.bfd' -o -name as -o -name 'libcuda.so*' \
-    -o -name 'libnvidia-*' -o -name 'libcufft*' -o -name 'libcusparse*' -o -name 'libcusolver*' \
-    -o -name 'libcurand*' -o -name 'libnpp*' -o -name 'libnvrtc*' -o -name 'libnvjpeg*' \
-    -o -name '*.a' -o -name 'cuda_runtime.h' -o -name 'stdio.h' \) -print | sort | head -20 || true)
+bins=$(cd "$R" || exit 1; for d in usr/bin usr/sbin usr/local/bin bin sbin usr/lib/nvidia-cuda-toolkit/bin; do
+    [ -d "$d" ] && find "$d" -maxdepth 1 \( -type f -o -type l \) \( -name gcc -o -name 'gcc-[0-9]*' \
+      -o -name cc -o -name c++ -o -name 'g++*' -o -name 'clang*' -o -name nvcc -o -name ptxas \
+      -o -name cicc -o -name fatbinary -o -name nvlink -o -name cmake -o -name make -o -name ld \
+      -o -name ld.bfd -o -name ld.gold -o -name as \) -print; done | sort | head -20 || true)
+libs=$(cd "$R" || exit 1; find . \( -path ./proc -o -path ./sys -o -path ./var/lib/dpkg \) -prune -o \
+    \( -type f -o -type l \) \( -name 'libcuda.so*' -o -name 'libnvidia-*' -o -name 'libcufft*' \
+    -o -name 'libcusparse*' -o -name 'libcusolver*' -o -name 'libcurand*' -o -name 'libnpp*' \
+    -o -name 'libnvrtc*' -o -name 'libnvjpeg*' -o -name 'libnvvm*' -o -name '*.a' -o -name '*.h' \
+    -o -name '*.hpp' -o -name '*.cuh' \) -print | sort | head -20 || true)
+extra=$(printf '%s\n%s\n' "$bins" "$libs" | sed '/^$/d')
 [ -z "$extra" ] || die "holds what an engine image must not (compiler, toolkit, headers, other CUDA libraries, a driver): $(echo "$extra" | paste -sd' ')"
 ok "no compiler, CUDA toolkit, headers, static libraries, other CUDA libraries or driver"
 # one architecture: ggml's CUDA code is machine code for exactly this family and nothing else
@@ -123,16 +127,20 @@ ok "cuBLASLt has machine code for $arch"
 mb=$(du -sm "$R" | cut -f1)
 [ "$mb" -le "$MAX_MB" ] || die "weighs $mb MB unpacked, more than --max-mb $MAX_MB"
 ok "size: $mb MB unpacked, $(( $(fact compressed) / 1048576 )) MB compressed (limit $MAX_MB MB)"
+# ldd of llama-server and of every backend module it loads (the modules link cudart, cuBLAS and
+# the driver's libcuda.so.1; llama-server itself links none of them)
+# shellcheck disable=SC2016  # expanded by the shell inside the image
+LDD_ALL='for f in /usr/bin/llama-server /usr/lib/llama-server/*.so*; do [ -L "$f" ] || { echo "== $f"; ldd "$f"; }; done'
 if [ -z "$LDD" ]; then
   echo "skip ldd on the unpacked tree (--no-ldd)"
 elif [ "$(id -u)" = 0 ]; then
   # shellcheck disable=SC2016  # the inner script is single-quoted on purpose
   unshare --mount --propagation private --net sh -c 'mkdir -p "$0/proc" && mount -t proc proc "$0/proc" &&
-    chroot "$0" /usr/bin/ldd /usr/bin/llama-server' "$R" >"$TMP/ldd.txt" 2>&1 || true
+    exec chroot "$0" /bin/sh -c "$1"' "$R" "$LDD_ALL" >"$TMP/ldd.txt" 2>&1 || true
   missing=$(grep 'not found' "$TMP/ldd.txt" | awk '{print $1}' | sort -u | paste -sd' ')
   [ "$(grep -c '=>' "$TMP/ldd.txt")" -gt 5 ] || { cat "$TMP/ldd.txt" >&2; die "ldd in the unpacked tree gave no library list"; }
   [ -z "$missing" ] || [ "$missing" = libcuda.so.1 ] || die "unresolved in the image: $missing (only the host driver's libcuda.so.1 may be)"
-  ok "ldd (unpacked tree): every library resolves${missing:+ except $missing (from the host driver)}"
+  ok "ldd (unpacked tree, llama-server and each module in /usr/lib/llama-server): every library resolves${missing:+ except $missing (from the host driver)}"
 else
   echo "skip ldd on the unpacked tree (needs root)"
 fi
@@ -145,9 +153,9 @@ if [ -n "$RUN" ]; then
   printf '[storage]\ndriver = "vfs"\ngraphroot = "%s/storage"\nrunroot = "%s/run"\n' "$PM" "$PM" >"$PM/storage.conf"
   export CONTAINERS_CONF=$PM/containers.conf CONTAINERS_STORAGE_CONF=$PM/storage.conf
   local_ref=localhost/tensorless-engine-inspect:$$
-  timeout 900 podman pull -q "oci:$TMP/img:x" >"$TMP/pull.log" 2>&1 || { cat "$TMP/pull.log" >&2; die "--run: podman pull of the copy failed"; }
-  img=$(tail -1 "$TMP/pull.log"); podman tag "$img" "$local_ref"
-  timeout 120 podman run --rm --network none --entrypoint /usr/bin/ldd "$local_ref" /usr/bin/llama-server >"$TMP/ldd-run.txt" 2>&1 || true
+  timeout 900 skopeo copy --quiet "oci:$TMP/img:x" "containers-storage:$local_ref" >"$TMP/pull.log" 2>&1 \
+    || { cat "$TMP/pull.log" >&2; die "--run: copying the image into podman's storage ($PM) failed"; }
+  timeout 120 podman run --rm --network none --entrypoint /bin/sh "$local_ref" -c "$LDD_ALL" >"$TMP/ldd-run.txt" 2>&1 || true
   missing=$(grep 'not found' "$TMP/ldd-run.txt" | awk '{print $1}' | sort -u | paste -sd' ')
   [ "$(grep -c '=>' "$TMP/ldd-run.txt")" -gt 5 ] || { cat "$TMP/ldd-run.txt" >&2; podman rmi -f "$local_ref" >/dev/null 2>&1 || true; die "--run: ldd in the container gave no library list"; }
   [ -z "$missing" ] || [ "$missing" = libcuda.so.1 ] || die "--run: unresolved in the container: $missing"

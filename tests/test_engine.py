@@ -159,7 +159,9 @@ def test_compile_one_architecture_machine_code_only() -> None:
     )
     for flag in ("-DGGML_CUDA=ON", "-DGGML_NATIVE=OFF", "-DLLAMA_BUILD_SERVER=ON",
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_CUDA_NCCL=OFF",
-                 "-DCMAKE_CUDA_HOST_COMPILER=g++-13"):  # fmt: skip
+                 "-DCMAKE_CUDA_HOST_COMPILER=g++-13",
+                 # the backends are modules, so llama-server starts without the driver's libcuda
+                 "-DGGML_BACKEND_DL=ON", "-DGGML_BACKEND_DIR=/usr/lib/llama-server"):  # fmt: skip
         assert flag in text, flag
     assert "--target llama-server" in text
 
@@ -198,6 +200,7 @@ def test_build_labels_and_contract() -> None:
         assert f'--label "{label}"' in build, label
     assert "echo /usr/lib/llama-server >" in build, "the libraries found through ld.so.conf.d"
     assert "grep -v 'libcuda\\.so\\.1'" in build, "only libcuda.so.1 may be unresolved"
+    assert "find usr/lib/llama-server -name '*.so*'" in build, "ldd of every backend module too"
 
 
 # --- the image assembler (engine/lib/oci.py) -----------------------------------------------------

@@ -21,6 +21,10 @@ cd /src/llama.cpp
 # g++-13: CUDA 12.4 accepts GCC <= 13 (trixie's default is 14). No build RPATH: the runtime
 # image finds the libraries through /etc/ld.so.conf.d/llama-server.conf.
 # --allow-shlib-undefined: libcuda.so.1 comes from the host driver at run time.
+# GGML_BACKEND_DL: the CPU and CUDA backends are modules that llama-server loads at start from
+# /usr/lib/llama-server (GGML_BACKEND_DIR), so llama-server itself does not need libcuda.so.1 to
+# start: `llama-server --version` runs on a machine without a GPU driver (on a GPU host the CUDA
+# module loads, with the driver's libcuda.so.1 that CDI or the container toolkit mounts).
 # ARCH-real: machine code (SASS) for exactly that architecture and no PTX, so no driver can
 # JIT-compile these kernels for a card the image was not measured on (a plain "60" would embed
 # compute_60 PTX as well).
@@ -31,6 +35,8 @@ cmake -S . -B build \
   -DCMAKE_CUDA_COMPILER=/usr/bin/nvcc \
   -DCMAKE_CUDA_HOST_COMPILER=g++-13 \
   -DGGML_CUDA=ON \
+  -DGGML_BACKEND_DL=ON \
+  -DGGML_BACKEND_DIR=/usr/lib/llama-server \
   -DCMAKE_CUDA_ARCHITECTURES="$ARCH-real" \
   -DGGML_NATIVE=OFF \
   -DGGML_CUDA_NCCL=OFF \
