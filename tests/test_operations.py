@@ -1,0 +1,199 @@
+"""Data-only operation scenarios: tests/operations/<module>.<op>/<scenario>.json, facts in, commands
+out, the way pyinfra tests its own operations.
+
+A scenario is::
+
+    {
+      "description": "what decision it pins",
+      "args": {...},                  # the operation's own arguments, passed to op._inner(**args)
+      "env": {"HF_ENDPOINT": "..."},  # optional; HF_ENDPOINT is unset unless a scenario sets it
+      "facts": {                      # every fact the operation reads, and nothing else
+        "FactClassName": {"arg=value, arg=value": value}   # pyinfra's get_kwargs_str keys
+      },
+      "commands": [...],              # what it yields, rendered as below
+      "noop_description": "..."       # required when it yields nothing
+    }
+
+Commands render as: a plain command's text; a bound script of operations/scripts (the
+``sh -c`` that ``_run.script`` makes) as ``{"script": NAME, "params": {...}}``, the parameters as
+the strings the host's shell gets, checked by binding them again to the very same text; a file
+upload as ``["upload", CONTENT, DEST]``. Fact values are JSON, except ``ModelBlob``: the fields of
+its BlobState. The fake host fails on a fact (or fact argument) a scenario does not give, and a
+scenario fails when it gives a fact the operation did not read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable
+from importlib import import_module, resources
+from inspect import signature
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.util import get_kwargs_str
+from pyinfra.context import ctx_host
+
+from tensorless_deploy import shell
+from tensorless_deploy.facts.values import BlobState
+from tensorless_deploy.operations import _run
+
+SCENARIOS = Path(__file__).parent / "operations"
+OPERATIONS_PACKAGE = "tensorless_deploy.operations"
+# the modules whose @operation functions are public (deploy holds the @deploy functions)
+OPERATION_MODULES = ("image", "model", "unit")
+KEYS = {"description", "args", "env", "facts", "commands", "noop_description"}
+
+# fact class name -> JSON -> the value the real fact's process() returns
+DECODE: dict[str, Callable[[Any], Any]] = {"ModelBlob": lambda v: BlobState(**v)}
+
+
+class MissingFact(AssertionError):
+    pass
+
+
+class FakeHost:
+    """Answers get_fact from a scenario's facts only; records noop() and what it was asked."""
+
+    name = "fakehost"
+
+    def __init__(self, facts: dict[str, dict[str, Any]]) -> None:
+        self.facts = facts
+        self.read: set[tuple[str, str]] = set()
+        self.noop_description: str | None = None
+
+    def noop(self, description: str) -> None:
+        assert self.noop_description is None, "noop() called twice"
+        self.noop_description = description
+
+    def get_fact(self, fact_cls: type, *args: Any, **kwargs: Any) -> Any:
+        name = fact_cls.__name__
+        assert not args, f"{name}: pass fact arguments by name"
+        accepted = set(signature(fact_cls.command).parameters) - {"self"}
+        unknown = set(kwargs) - accepted
+        assert not unknown, f"{name}.command() takes no {sorted(unknown)}"
+        key = get_kwargs_str(kwargs)
+        given = self.facts.get(name)
+        if given is None or key not in given:
+            raise MissingFact(f"the scenario gives no fact {name} for {key!r}")
+        self.read.add((name, key))
+        return DECODE.get(name, lambda v: v)(given[key])
+
+
+_BIND = re.compile(r"([a-z_][a-z0-9_]*)=((?:'[^']*'|\"'\"|[\w@%+=:,./-])+)\n")
+_SCRIPT_NAMES = sorted(
+    p.name[: -len(".sh")]
+    for p in (resources.files(OPERATIONS_PACKAGE) / "scripts").iterdir()
+    if p.name.endswith(".sh") and p.name != "lib.sh"
+)
+
+
+def _bound_script(text: str) -> dict[str, Any] | None:
+    """``{"script", "params"}`` for the ``sh -c`` of ``_run.script``; None for other commands."""
+    words = shlex.split(text)
+    if len(words) != 3 or words[:2] != ["sh", "-c"] or not words[2].startswith("set -u\n"):
+        return None
+    body = words[2]
+    for name in _SCRIPT_NAMES:
+        if not body.endswith(shell.load(OPERATIONS_PACKAGE, name)):
+            continue
+        params: dict[str, str] = {}
+        pos = len("set -u\n")
+        while m := _BIND.match(body, pos):
+            params[m.group(1)] = shlex.split(m.group(2))[0]
+            pos = m.end()
+        again = _run.script(name, **params).get_raw_value()
+        assert again == text, f"{name}: the parameters read back do not rebuild the command"
+        return {"script": name, "params": params}
+    raise AssertionError(f"an sh -c that is no script of operations/scripts: {text[:200]!r}")
+
+
+def render(command: Any) -> Any:
+    if isinstance(command, str):
+        command = StringCommand(command.strip())
+    if isinstance(command, StringCommand):
+        text = command.get_raw_value()
+        return _bound_script(text) or text
+    if isinstance(command, FileUploadCommand):
+        assert hasattr(command.src, "read"), "uploads from the controller's disk: none expected"
+        command.src.seek(0)
+        data = command.src.read()
+        return ["upload", data.decode() if isinstance(data, bytes) else data, str(command.dest)]
+    raise AssertionError(f"unexpected command type {type(command).__name__}")
+
+
+def _operation(folder: str) -> Any:
+    module, op = folder.split(".")
+    return getattr(import_module(f"{OPERATIONS_PACKAGE}.{module}"), op)
+
+
+def _public_operations() -> set[str]:
+    found = set()
+    for module in OPERATION_MODULES:
+        mod = import_module(f"{OPERATIONS_PACKAGE}.{module}")
+        for name, value in vars(mod).items():
+            if hasattr(value, "_inner") and getattr(value, "__module__", "") == mod.__name__:
+                found.add(f"{module}.{name}")
+    return found
+
+
+def _scenarios() -> list[Any]:
+    return [
+        pytest.param(path, id=f"{path.parent.name}/{path.stem}")
+        for path in sorted(SCENARIOS.glob("*/*.json"))
+    ]
+
+
+def test_every_operation_has_scenarios_and_every_folder_an_operation() -> None:
+    folders = {p.name for p in SCENARIOS.iterdir() if p.is_dir()}
+    assert folders == _public_operations()
+    for folder in folders:
+        assert list((SCENARIOS / folder).glob("*.json")), f"{folder}: no scenario"
+
+
+@pytest.mark.parametrize("path", _scenarios())
+def test_operation(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = json.loads(path.read_text(encoding="utf-8"))
+    assert set(case) <= KEYS, f"{path}: unknown keys {sorted(set(case) - KEYS)}"
+    assert case.get("description"), f"{path}: say what the scenario decides"
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    for key, value in case.get("env", {}).items():
+        monkeypatch.setenv(key, value)
+    op = _operation(path.parent.name)
+    host = FakeHost(case.get("facts", {}))
+    with ctx_host.use(host):
+        commands = [render(c) for c in op._inner(**case.get("args", {}))]
+    assert commands == case["commands"], json.dumps(commands, indent=2)
+    given = {(name, key) for name, by_key in host.facts.items() for key in by_key}
+    assert given == host.read, f"facts given but never read: {sorted(given - host.read)}"
+    if not commands or "noop_description" in case:
+        assert host.noop_description == case.get("noop_description")
+    else:
+        assert host.noop_description is None, "commands and a noop at once"
+    token = case.get("args", {}).get("token")
+    if token:
+        # a secret reaches the host only as an uploaded file's content, never in a command line
+        uploads = {c[2]: c[1] for c in commands if isinstance(c, list) and c[0] == "upload"}
+        rest = [c for c in commands if not (isinstance(c, list) and c[0] == "upload")]
+        assert token not in json.dumps(rest), "the token is in a command line"
+        for c in rest:
+            auth = c["params"].get("auth") if isinstance(c, dict) else None
+            if auth:
+                assert token in uploads[auth], "curl's header file does not hold the token"
+
+
+def test_the_fake_host_refuses_a_fact_the_scenario_does_not_give() -> None:
+    host = FakeHost({"ImagePresent": {"engine_bin=/usr/bin/podman, image=other": True}})
+    op = _operation("image.image")
+    with ctx_host.use(host), pytest.raises(MissingFact):
+        list(op._inner(engine_bin="/usr/bin/podman", image="x@sha256:" + "0" * 64))
+
+
+def test_a_bound_script_reads_back_its_parameters_exactly() -> None:
+    tricky = {"path": "/etc/a b/it's\nnew", "new": ""}
+    command = _run.script("unit-install", **tricky)
+    assert render(command) == {"script": "unit-install", "params": tricky}
