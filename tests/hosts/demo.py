@@ -69,9 +69,10 @@ def main() -> int:
         "tok/s (random weights: the words mean nothing; the path is what is real)"
     )
     print("\n" + STAND_INS)
+    tl_set = f"TL_SET={hosts_json['set']} " if hosts_json.get("set") else ""
     print(
         f"\nthe service keeps running on {host.name}; "
-        "`bash tests/hosts/teardown.sh` stops the test hosts"
+        f"`{tl_set}bash tests/hosts/teardown.sh` stops the test hosts"
     )
     return 0
 

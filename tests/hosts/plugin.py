@@ -310,8 +310,8 @@ def reset_all(hosts_json: dict[str, Any], hosts: dict[str, Host]) -> None:
 def _reset_hosts_before_test(request: pytest.FixtureRequest) -> None:
     """Every test marked ``hosts`` starts from reset hosts, whatever ran before it (another
     test, ./demo, a crashed run)."""
-    if request.node.get_closest_marker("hosts") is None:
-        return
+    if request.node.get_closest_marker("hosts") is None or os.environ.get("TL_RESET") == "0":
+        return  # TL_RESET=0: no reset before tests (debugging only: tests then depend on order)
     hosts_json: dict[str, Any] = request.getfixturevalue("hosts_json")
     hosts: dict[str, Host] = request.getfixturevalue("test_hosts")
     t0 = time.perf_counter()
