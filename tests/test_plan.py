@@ -284,7 +284,7 @@ def test_ranking_alternatives_and_json(tiny_path: Path) -> None:
     assert mp.best is not None and mp.best.host == "a"
     assert [p.host for p in mp.placements if mp.alternative(p)] == ["b", "c"]
     doc = plan_json([mp], PlanOptions(), offline=True)
-    assert doc["ok"] is True and doc["schema"] == 1
+    assert doc["ok"] is True and doc["schema"] == 2
     assert doc["margin"]["runtime_overhead_bytes"] == kv.RUNTIME_OVERHEAD_BYTES
     (model,) = doc["models"]
     assert model["best"]["host"] == "a"
@@ -293,7 +293,7 @@ def test_ranking_alternatives_and_json(tiny_path: Path) -> None:
     assert a["error_code"] is None and a["error"] is None and a["alternative"] is False
     assert a["max_context_tokens"] == 4096 and a["default_context_tokens"] == 512
     assert a["kv_bytes_per_token"] == TINY_KV_Q8
-    assert a["card_digest"] == recipe_digest(entry.recipe)
+    assert a["recipe_digest"] == recipe_digest(entry.recipe) == "sha256:" + a["card_digest"]
     assert a["memory_delta_by_node"] == {"a": a["memory"]["need_bytes"]}
     assert a["memory"]["need_bytes"] == sum(
         a["memory"][k] for k in ("weights_bytes", "kv_bytes", "compute_bytes", "overhead_bytes")
@@ -302,7 +302,7 @@ def test_ranking_alternatives_and_json(tiny_path: Path) -> None:
     assert any("assumed 0" in n for n in a["notes"])
     assert rows["b"]["alternative"] is True
     assert rows["h200"]["error_code"] == NO_VALID_PLACEMENT
-    assert rows["h200"]["memory_delta_by_node"] == {}
+    assert rows["h200"]["memory_delta_by_node"] is None
     json.dumps(doc)  # serializable as is
 
 

@@ -492,41 +492,97 @@ def _gpu_json(gpu: Gpu | None) -> dict[str, Any] | None:
     }
 
 
-def placement_json(p: Placement, alternative: bool = False) -> dict[str, Any]:
-    mem: dict[str, Any] | None = None
-    if p.card_memory is not None or p.memory is not None:
-        cm, need = p.card_memory, p.memory
-        mem = {
-            "need_bytes": need.total_bytes if need else None,
-            "weights_bytes": need.weights_bytes if need else None,
-            "kv_bytes": need.kv_bytes if need else None,
-            "compute_bytes": need.compute_bytes if need else None,
-            "overhead_bytes": need.overhead_bytes if need else None,
-            "n_ctx_cells": need.n_ctx if need else None,
-            "total_bytes": cm.total if cm else None,
-            "used_bytes": cm.used if cm and cm.used_known else None,
-            "free_bytes": cm.free if cm else None,
-            "headroom_bytes": cm.headroom if cm else None,
-            "usable_bytes": cm.usable if cm else None,
-        }
-    delta = {p.host: p.need_bytes} if p.ok and p.need_bytes is not None else {}
+# Seed 002's PlacementPreview, brought to one llama-server on one card of an SSH host (see
+# docs/plan.md and docs/placement.schema.json). llama-server allocates the whole window's KV
+# cache when the model loads.
+RESERVES_CONTEXT_AT_LOAD = True
+# The recipe is this tool's card: it names the engine, the model file and the settings, and the
+# launcher runs only what a recipe describes. No signed engine-support claims exist here.
+COMPATIBILITY_SOURCE = "card"
+DIGEST_PREFIX = "sha256:"
+
+
+def card_digest_hex(recipe_digest_value: str | None) -> str | None:
+    """recipe_digest's ``sha256:<hex>`` (the io.tensorless.recipe-digest label) as seed 002's
+    card_digest: the bare 64 hex digits."""
+    if recipe_digest_value is None:
+        return None
+    hexpart = recipe_digest_value.removeprefix(DIGEST_PREFIX)
+    if len(hexpart) != 64 or hexpart.strip("0123456789abcdef"):
+        raise ValueError(f"not a sha256 digest: {recipe_digest_value!r}")
+    return hexpart
+
+
+def _compatibility_detail(p: Placement) -> str | None:
+    """The gap on a refused row, naming both sides: the model or recipe (card) and the host (and
+    GPU) it was judged on. None on a placement."""
+    if p.ok:
+        return None
+    what = p.model if p.recipe_path is None else f"{p.recipe_path} (card {p.card})"
+    where = p.host if p.gpu is None else f"{p.host} {_gpu_text(p.gpu)}"
+    return f"{what} on {where}: {p.error or p.error_code}"
+
+
+def _memory_json(p: Placement) -> dict[str, Any] | None:
+    if p.card_memory is None and p.memory is None:
+        return None
+    cm, need = p.card_memory, p.memory
     return {
+        "need_bytes": need.total_bytes if need else None,
+        "weights_bytes": need.weights_bytes if need else None,
+        "kv_bytes": need.kv_bytes if need else None,
+        "compute_bytes": need.compute_bytes if need else None,
+        "overhead_bytes": need.overhead_bytes if need else None,
+        "n_ctx_cells": need.n_ctx if need else None,
+        "total_bytes": cm.total if cm else None,
+        "used_bytes": cm.used if cm and cm.used_known else None,
+        "free_bytes": cm.free if cm else None,
+        "headroom_bytes": cm.headroom if cm else None,
+        "usable_bytes": cm.usable if cm else None,
+    }
+
+
+def placement_json(p: Placement, alternative: bool = False) -> dict[str, Any]:
+    """One row: every field of seed 002's PlacementPreview with the seed's value rules, then the
+    tool's own fields. An instance is present only on a placement (ok): card_digest,
+    max_context_tokens, memory_delta_by_node and compatibility_source are null on a refusal,
+    where the tool's own largest_context_tokens and recipe_digest still say what was computed."""
+    ok = p.ok
+    need = p.need_bytes
+    # default_context_tokens is the window without a request: the recipe's context. The row
+    # carries the context it was planned at; that is the recipe's only when tuned.
+    default_ctx = p.default_context_tokens if p.tuned else None
+    return {
+        # seed 002 PlacementPreview
+        "card_digest": card_digest_hex(p.card_digest) if ok else None,
+        "model_id": p.model,
+        "sharding": None,
+        "instance_meta": None,
+        "instance": None,
+        "memory_delta_by_node": {p.host: need} if ok and need is not None else None,
+        "max_context_tokens": p.max_context_tokens if ok else None,
+        "default_context_tokens": default_ctx,
+        "reserves_context_at_load": RESERVES_CONTEXT_AT_LOAD,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "error": p.error,
+        "error_code": p.error_code,
+        "trust_requirement": None,
+        "compatibility_source": COMPATIBILITY_SOURCE if ok else None,
+        "support_claim_ids": [],
+        "compatibility_detail": _compatibility_detail(p),
+        "alternative": alternative,
+        # the tool's own
         "host": p.host,
         "gpu": _gpu_json(p.gpu),
         "recipe": p.recipe_path,
         "card": p.card,
-        "card_digest": p.card_digest,
-        "ok": p.ok,
-        "alternative": alternative,
-        "max_context_tokens": p.max_context_tokens,
-        "default_context_tokens": p.default_context_tokens,
+        "recipe_digest": p.card_digest,
+        "ok": ok,
+        "context_tokens": p.default_context_tokens,
+        "largest_context_tokens": p.max_context_tokens,
         "context_fits": p.context_fits,
         "tuned": p.tuned,
-        "kv_bytes_per_token": p.kv_bytes_per_token,
-        "memory_delta_by_node": delta,
-        "memory": mem,
-        "error_code": p.error_code,
-        "error": p.error,
+        "memory": _memory_json(p),
         "notes": list(p.notes),
     }
 
@@ -545,6 +601,10 @@ def _header_json(key: HeaderKey, r: HeaderResult) -> dict[str, Any]:
         "header_sha256": h.sha256 if h else None,
         "architecture": h.metadata.get(Keys.General.ARCHITECTURE) if h else None,
     }
+
+
+# 2: placements follow seed 002's value rules (docs/plan.md)
+PLAN_JSON_SCHEMA = 2
 
 
 def plan_json(plans: Sequence[ModelPlan], options: PlanOptions, offline: bool) -> dict[str, Any]:
@@ -568,7 +628,7 @@ def plan_json(plans: Sequence[ModelPlan], options: PlanOptions, offline: bool) -
             }
         )
     return {
-        "schema": 1,
+        "schema": PLAN_JSON_SCHEMA,
         "offline": offline,
         "context": options.context,
         "margin": {
