@@ -20,6 +20,7 @@ from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import TINY_COMMIT, TINY_FILE
+from tests.test_plan_json import SCHEMA_PATH, validate
 
 pytestmark = pytest.mark.hosts
 
@@ -46,7 +47,12 @@ class Plan:
         out = proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr, out
         assert proc.returncode in (0, 1), out
-        return proc.returncode, json.loads(proc.stdout), out
+        doc = json.loads(proc.stdout)
+        schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+        for m in doc["models"]:
+            for row in m["placements"]:  # docs/placement.schema.json, seed 002's rules
+                assert validate(row, schema) == [], row
+        return proc.returncode, doc, out
 
 
 def rows(doc: dict[str, Any], model: str) -> list[dict[str, Any]]:
@@ -139,7 +145,7 @@ def test_plan_over_ssh_fits_refuses_and_waits(planner: Plan, hf: HFServer) -> No
     assert gpu1["context_fits"] is True and gpu1["tuned"] is True
     assert gpu1["kv_bytes_per_token"] == 2 * 2 * 34  # q8_0 K and V, 2 layers x 1 head x 32
     assert gpu1["memory_delta_by_node"] == {"gpu1": gpu1["memory"]["need_bytes"]}
-    assert gpu1["card_digest"].startswith("sha256:")
+    assert gpu1["recipe_digest"] == "sha256:" + gpu1["card_digest"]
     (gpu2,) = hosts["gpu2"]
     assert gpu2["error_code"] == "no_valid_placement"
     assert "no GPU matches a card of" in gpu2["error"] and "NVIDIA H200" in gpu2["error"]
@@ -147,7 +153,7 @@ def test_plan_over_ssh_fits_refuses_and_waits(planner: Plan, hf: HFServer) -> No
     l0, l1 = hosts["legacy1"]
     assert (l0["gpu"]["index"], l1["gpu"]["index"]) == (0, 1)
     assert l0["ok"] and l0["max_context_tokens"] == 4096
-    assert l1["error_code"] == "no_valid_placement" and l1["max_context_tokens"] == 0
+    assert l1["error_code"] == "no_valid_placement" and l1["largest_context_tokens"] == 0
     assert "does not fit at any context" in l1["error"]
     assert l1["memory"]["free_bytes"] == 508 * MiB
     (ghost,) = hosts["ghost"]
@@ -193,7 +199,7 @@ def test_gemma_header_by_range_and_offline_max_context(
     assert busy["kv_bytes_per_token"] == kv.kv_bytes_per_token(g, s) == 3072
     usable = busy["memory"]["usable_bytes"]
     assert usable == (16384 - BUSY_USED_MIB) * MiB - 16384 * MiB * 2 // 100
-    m = busy["max_context_tokens"]
+    m = busy["largest_context_tokens"]
     assert 0 < m < 32768
     need = kv.estimate_memory(g, s, m, size).total_bytes
     over = kv.estimate_memory(g, s, m + 256, size).total_bytes
@@ -210,7 +216,7 @@ def test_gemma_header_by_range_and_offline_max_context(
     rc, doc, out = planner.run("gemma3-270m", "--limit", "busy", "--context", str(m), offline=True)
     assert rc == 0, out
     (busy,) = rows(doc, GEMMA_REPO)
-    assert busy["ok"] and busy["tuned"] is False and busy["default_context_tokens"] == m
+    assert busy["ok"] and busy["tuned"] is False and busy["context_tokens"] == m
     assert doc["models"][0]["headers"][0]["cached"] is True
 
 
