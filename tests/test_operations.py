@@ -24,6 +24,7 @@ scenario fails when it gives a fact the operation did not read.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import shlex
@@ -197,3 +198,39 @@ def test_a_bound_script_reads_back_its_parameters_exactly() -> None:
     tricky = {"path": "/etc/a b/it's\nnew", "new": ""}
     command = _run.script("unit-install", **tricky)
     assert render(command) == {"script": "unit-install", "params": tricky}
+
+
+DOC = Path(__file__).parent.parent / "docs" / "pyinfra.md"
+
+
+@pytest.mark.parametrize("folder", sorted(_public_operations()))
+def test_docstring_in_pyinfra_style_and_in_the_doc(folder: str) -> None:
+    """One summary line, ``+ arg: ...`` for every argument, an ``**Example:**`` block; the
+    arguments' lines appear verbatim in docs/pyinfra.md."""
+    op = _operation(folder)
+    doc = inspect.getdoc(op._inner)
+    assert doc is not None, folder
+    summary, _, rest = doc.partition("\n\n")
+    assert "\n" not in summary and summary.endswith("."), f"{folder}: one summary line"
+    args = [p for p in rest.split("\n\n") if p.startswith("+ ")]
+    assert len(args) == 1, f"{folder}: one block of + arg: lines"
+    named = re.findall(r"^\+ (\w+):", args[0], re.MULTILINE)
+    assert named == list(signature(op._inner).parameters), f"{folder}: + arg: per argument"
+    assert "**Example:**\n\n.. code:: python\n" in rest, f"{folder}: an Example block"
+    text = DOC.read_text(encoding="utf-8")
+    assert f"### `{folder}`" in text and args[0] in text, f"docs/pyinfra.md lacks {folder}'s"
+
+
+def test_serve_documented_in_pyinfra_style_and_in_the_doc() -> None:
+    from tensorless_deploy.operations.deploy import serve
+
+    doc = inspect.getdoc(serve._inner)
+    assert doc is not None
+    summary, _, rest = doc.partition("\n\n")
+    assert "\n" not in summary
+    params = list(signature(serve._inner).parameters)
+    assert re.findall(r"^\+ (\w+):", rest, re.MULTILINE) == params
+    assert "**Example:**" in rest
+    text = DOC.read_text(encoding="utf-8")
+    for name in params:
+        assert f"| `{name}` |" in text, f"docs/pyinfra.md: serve's {name} is not in the table"

@@ -24,7 +24,7 @@ from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.operations.image import image
 from tensorless_deploy.operations.model import model as model_file
-from tensorless_deploy.operations.unit import serving, unit
+from tensorless_deploy.operations.unit import removed, serving, unit
 from tensorless_deploy.recipe.catalog import load_catalog
 
 Steps = MutableMapping[str, dict[str, Any]]  # host -> step name -> OperationMeta
@@ -42,8 +42,15 @@ def serve_plan(
     archive: str | None = None,
     steps: Steps | None = None,
 ) -> None:
-    """Apply a host plan that passed its checks. Each step's OperationMeta lands in
-    steps[host][step] for the caller's report."""
+    """
+    Apply a host plan that passed its checks (the tool's own fleet runner calls this).
+
+    + plan: the host's ``hostplan.plan.HostPlan``, made from facts the controller surveyed
+    + token: a Hub token for a gated repository (not used when the model is pushed)
+    + transfer: ``pull`` (the host downloads) or ``push`` (the controller sent the bytes)
+    + archive: with push, the engine image's OCI archive already on the host
+    + steps: each step's OperationMeta lands in ``steps[host][step]`` for the caller's report
+    """
     if not plan.ok or plan.paths is None or plan.recipe is None or plan.engine_bin is None:
         raise OperationError(f"{plan.host}: {plan.why()}")
     recipe = plan.recipe
@@ -95,6 +102,10 @@ def serve_plan(
             restart=False,
             _if=written.did_not_change,
         )
+    for u in plan.surplus:  # instances the plan no longer has (the count went down)
+        metas[f"remove {u.name}"] = removed(
+            name=f"remove surplus instance {u.name}", service=u.name, paths=(u.path,)
+        )
     if steps is not None:
         steps[host.name] = metas
 
@@ -116,18 +127,25 @@ def serve(
     token: str | None = None,
 ) -> None:
     """
-    Serve a model on this host: the recipe for the card it has, the engine image by digest,
-    the model file verified by sha256, a unit per instance, /health. A second run changes
-    nothing. The host's own inventory data (``tensorless_port``, ``tensorless_bind``,
-    ``tensorless_models_dir``, ``tensorless_engine``) applies; an argument given here wins.
+    Serve a model on this host, with the recipe for the card it has.
+
+    Reads the host's facts (``HostSurvey``), chooses the recipe and lays out the instances as
+    every command of the tool does, then: the engine image by digest, the model file verified
+    by sha256, a unit per instance, a restart when it changed, ``/health``. A second run
+    changes nothing. The host's own inventory data (``tensorless_port``, ``tensorless_ports``,
+    ``tensorless_bind``, ``tensorless_models_dir``, ``tensorless_engine``,
+    ``tensorless_instances``) applies; an argument given here wins. A host that cannot serve the
+    model fails with the reason (see docs/pyinfra.md).
 
     + model: a repo id (any case) or a recipe's short name, e.g. ``pn3``
     + recipes: a recipes directory (``<org>/<repo>/<card>.toml``); default: the built-in catalog
-    + port: the API port (default 8080)
-    + bind: the API address (default 127.0.0.1)
+    + port: the API port (default: ``tensorless_port``, else 8080)
+    + bind: the API address, an IP literal (default: ``tensorless_bind``, else 127.0.0.1)
     + context: a context other than the recipe's (the run is then untuned)
-    + models_dir: where model files live on the host (default /var/lib/tensorless/models)
-    + engine: ``podman`` or ``docker`` (default: podman where present)
+    + models_dir: where model files live on the host (default: ``tensorless_models_dir``, else
+      /var/lib/tensorless/models)
+    + engine: ``podman`` or ``docker`` (default: ``tensorless_engine``, else podman where
+      present)
     + allow_draft: accept a draft recipe
     + token: a Hub token for a gated repository (default: none)
 
@@ -137,7 +155,7 @@ def serve(
 
         from tensorless_deploy.operations.deploy import serve
 
-        serve(model="pn3", port=8080)
+        serve(model="pn3", port=8080)  # in a deploy file: pyinfra inventory.py deploy.py
     """
     try:
         catalog = load_catalog(Path(recipes) if recipes else None)

@@ -15,11 +15,13 @@ from tensorless_deploy.operations._run import Commands, script
 @operation(is_idempotent=True)
 def image(engine_bin: str, image: str, archive: str | None = None) -> Commands:
     """
-    Make the container engine hold an image, by digest: pulled once, nothing to do when the
-    engine already has it.
+    Make the container engine hold an image, by digest.
+
+    Pulled once by its digest (a tag is never pulled); nothing to do when the engine already
+    holds it (the ``ImagePresent`` fact).
 
     + engine_bin: the engine binary on the host (``/usr/bin/podman`` or ``/usr/bin/docker``)
-    + image: ``name@sha256:<64 hex>``; a tag is never pulled
+    + image: ``name@sha256:<64 hex>``
     + archive: an OCI archive on the host (pushed there by the controller) to load instead of
       pulling; refused and removed unless its digest is the image's
 

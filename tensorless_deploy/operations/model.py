@@ -30,11 +30,13 @@ def model(
     pushed: bool = False,
 ) -> Commands:
     """
-    Make one model file present under ``models_dir`` in the Hugging Face cache layout
-    (``models--ORG--NAME/blobs/<sha256>``, linked from ``snapshots/<revision>/<file>``):
-    downloaded with resume through a partial file, verified by sha256 before it is renamed into
-    place, and not hashed again while its size and mtime match the stamp the last verification
-    left (in ``<models_dir>.state``).
+    Make one model file present and sha256-verified in the Hugging Face cache layout.
+
+    The blob is ``models_dir/models--ORG--NAME/blobs/<sha256>``, linked from
+    ``snapshots/<revision>/<file>``. It is downloaded with resume through a partial file and
+    verified by sha256 before it is renamed into place; a blob already there but not verified
+    by this tool is hashed, never trusted. It is not hashed again while its size and mtime
+    match the stamp the last verification left (in ``<models_dir>.state``).
 
     + models_dir: the cache directory on the host, e.g. ``/var/lib/tensorless/models``
     + repo: the Hub repository, ``org/name``

@@ -28,9 +28,11 @@ def service_name(path: str) -> str:
 @operation(is_idempotent=True)
 def unit(path: str, content: str, quadlet_bin: str | None = None) -> Commands:
     """
-    Write a unit file only when its content changed: to a temporary name, read by
-    ``quadlet -dryrun`` first where it is a quadlet, the old file kept for a restore, then
-    renamed into place.
+    Write a systemd unit file (a quadlet ``.container`` or a plain ``.service``) when it changed.
+
+    Nothing is written while the file's sha256 is the content's. Otherwise the content goes to
+    a temporary name, is read by ``quadlet -dryrun`` first where it is a quadlet, and is renamed
+    into place with the old file kept for a restore (see ``unit.serving``).
 
     + path: ``/etc/containers/systemd/NAME.container`` or ``/etc/systemd/system/NAME.service``
     + content: the whole file
@@ -42,7 +44,12 @@ def unit(path: str, content: str, quadlet_bin: str | None = None) -> Commands:
 
         from tensorless_deploy.operations import unit
 
-        written = unit.unit(name="unit", path="/etc/systemd/system/x.service", content=text)
+        written = unit.unit(
+            name="llama-server unit",
+            path="/etc/containers/systemd/tensorless-pn3-p100.container",
+            content=text,
+            quadlet_bin="/usr/libexec/podman/quadlet",
+        )
     """
     want = hashlib.sha256(content.encode()).hexdigest()
     if host.get_fact(FileSha256, path=path) == want:
@@ -60,15 +67,18 @@ def unit(path: str, content: str, quadlet_bin: str | None = None) -> Commands:
 @operation()
 def serving(path: str, health_url: str, timeout_s: int, restart: bool = False) -> Commands:
     """
-    The unit's service running and answering ``/health`` with 200 (503 "Loading model" and a
-    refused connection mean "still loading"). With restart, it is restarted first; a new unit
-    that does not become healthy gives way to the previous one (or is removed when there was
-    none), and the operation fails with the journal's last lines. Not idempotent: a restart is
-    asked for exactly when the unit changed (``_if=unit.did_change``).
+    Make a unit's service run and answer ``/health`` with 200, restarting it when asked.
 
-    + path: the unit file (its service is NAME.service)
+    Nothing is done while ``/health`` answers 200 (the ``HttpStatus`` fact) and no restart is
+    asked for; otherwise the service is started (or restarted) and waited for, 503 "Loading
+    model" and a refused connection meaning "still loading". A restarted unit that does not
+    become healthy gives way to the previous file (or is removed when there was none), and the
+    operation fails with the journal's last lines. Not idempotent with ``restart=True``: ask for
+    a restart exactly when the unit changed (``_if=written.did_change``).
+
+    + path: the unit file (its service is ``NAME.service``)
     + health_url: the server's ``/health`` as seen on the host
-    + timeout_s: how long the start and the load may take
+    + timeout_s: how long the start and the model's load may take, in seconds
     + restart: restart even when it is healthy now
 
     **Example:**
@@ -77,9 +87,22 @@ def serving(path: str, health_url: str, timeout_s: int, restart: bool = False) -
 
         from tensorless_deploy.operations import unit
 
-        written = unit.unit(name="unit", path=path, content=text)
-        unit.serving(name="restart", path=path, health_url=url, timeout_s=300, restart=True,
-                     _if=written.did_change)
+        written = unit.unit(name="llama-server unit", path=path, content=text)
+        unit.serving(
+            name="restart when changed",
+            path=path,
+            health_url="http://127.0.0.1:8080/health",
+            timeout_s=300,
+            restart=True,
+            _if=written.did_change,
+        )
+        unit.serving(
+            name="running and healthy",
+            path=path,
+            health_url="http://127.0.0.1:8080/health",
+            timeout_s=300,
+            _if=written.did_not_change,
+        )
     """
     svc = service_name(path)
     if not restart:
@@ -109,12 +132,34 @@ def removed(
     sha256: str | None = None,
 ) -> Commands:
     """
-    A unit stopped and its file removed (whichever of ``paths`` exists); with the model's
-    ``models_dir``, ``repo``, ``revision``, ``filename`` and ``sha256``, its model file too.
+    Stop a unit and remove its file, and with the model's coordinates its model file too.
+
+    Whichever of ``paths`` exists is stopped, disabled and removed; nothing there is no change.
+    Given all of ``models_dir``, ``repo``, ``revision``, ``filename`` and ``sha256``, the blob,
+    its partial file, stamp and snapshot link go as well (all five or none).
 
     + service: the unit's name without ``.service``
     + paths: the unit files it may have been written as (quadlet and plain)
-    + models_dir, repo, revision, filename, sha256: the model file to purge (all or none)
+    + models_dir: the cache directory of the model to purge
+    + repo: the model's Hub repository, ``org/name``
+    + revision: the model's pinned commit
+    + filename: the model file's path in the repository
+    + sha256: the model file's sha256 (its blob's name)
+
+    **Example:**
+
+    .. code:: python
+
+        from tensorless_deploy.operations import unit
+
+        unit.removed(
+            name="pn3 gone, model kept",
+            service="tensorless-pn3-p100",
+            paths=(
+                "/etc/containers/systemd/tensorless-pn3-p100.container",
+                "/etc/systemd/system/tensorless-pn3-p100.service",
+            ),
+        )
     """
     present = [p for p in paths if host.get_fact(FileSha256, path=p) is not None]
     model = None
