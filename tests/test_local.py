@@ -69,26 +69,77 @@ def test_dry_run_refuses_without_a_driver_and_says_the_fix() -> None:
 
 
 def test_dry_run_with_standin_prints_the_exact_command(standin_smi: dict[str, str]) -> None:
-    proc = cli("run", "pn3", "--dry-run", "--json", "--port", "8099", env=standin_smi)
+    proc = cli(
+        "run",
+        "pn3",
+        "--dry-run",
+        "--json",
+        "--port",
+        "8099",
+        "--engine",
+        "podman",
+        env=standin_smi,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     cmd = out["command"]
-    assert cmd[:4] == ["podman", "run", "--rm", "--pull=never"] or cmd[0] == "docker"
-    assert ["--device", f"nvidia.com/gpu={P100_UUID}"] == cmd[cmd.index("--device") :][:2]
-    image = cmd[cmd.index("--label") :].index(
+    image = (
         "ghcr.io/iammrduncan/tensorless-engine@sha256:"
         "35409ff97c2f518e468790c28bd19206ae777a945fcffe5775585e28fd9939a7"
     )
-    assert image > 0
-    assert cmd[-4:] == ["-b", "512", "-ub", "512"] or cmd[-1] == "--jinja"
-    assert "--port" in out["server_args"] and "8099" in out["server_args"]
+    # podman run, the launcher's own options (no engine health check: run polls /health), the
+    # pinned image, then exactly llama-server's argv
+    assert cmd[:4] == ["podman", "run", "--rm", "--pull=never"]
+    assert cmd[cmd.index(image) + 1 :] == out["server_args"]
+    opts = cmd[4 : cmd.index(image)]
+    pairs = list(zip(opts[::2], opts[1::2], strict=True))
+    assert ("--device", f"nvidia.com/gpu={P100_UUID}") in pairs
+    assert [f for f, _ in pairs if f == "--device"] == ["--device"]  # exactly one card
+    assert not [f for f, _ in pairs if f.startswith("--health")]
+    assert ("--network", "host") in pairs and ("--cap-drop", "all") in pairs
+    assert ("--label", "io.tensorless.health=http://127.0.0.1:8099/health") in pairs
+    assert out["server_args"][:6] == [
+        "-m",
+        "/models/Qwen3.8-27B-PN3-P0k19.gguf",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8099",
+    ]
+    assert out["address"] == "127.0.0.1:8099" and out["url"] == "http://127.0.0.1:8099"
     assert out["tuned"] is True and out["gpu_uuids"] == [P100_UUID]
     # what a real run would still stop at on this machine (no toolkit here), each with its fix
     assert all(c["fix"] for c in out["would_refuse"])
-    human = cli("run", "pn3", "--dry-run", "--context", "4096", env=standin_smi)
+    human = cli(
+        "run", "pn3", "--dry-run", "--context", "4096", "--engine", "podman", env=standin_smi
+    )
     assert human.returncode == 0
-    assert "command   podman run" in human.stdout or "command   docker run" in human.stdout
+    assert "command   podman run" in human.stdout
+    assert "address   http://127.0.0.1:8080" in human.stdout
     assert "untuned: context 4096 instead of the measured 65536" in human.stderr
+
+
+def test_run_serves_one_card_and_gpu_picks_it(standin_smi: dict[str, str]) -> None:
+    """Two matching P100s here: a foreground run is one instance, on the first card unless
+    --gpu names another (by index or UUID); a card that is not there is refused."""
+    two = {
+        **standin_smi,
+        "NVIDIA_STANDIN_DIR": str(
+            PROFILES / "p100x2" / "root" / "usr" / "share" / "nvidia-standin"
+        ),
+    }
+    second = "GPU-a7d41c9e-2b35-4f86-8e1a-5c9b0d3e6f21"
+    for extra, uuid in (([], P100_UUID), (["--gpu", "1"], second), (["--gpu", second], second)):
+        proc = cli("run", "pn3", "--dry-run", "--json", *extra, env=two)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["gpu_uuids"] == [uuid] and out["address"] == "127.0.0.1:8080", extra
+    proc = cli("run", "pn3", "--dry-run", "--gpu", "7", env=two)
+    assert proc.returncode == 1 and "instances.cards: GPU 7 is not a usable card here" in (
+        proc.stderr
+    ), proc.stderr
+    bad = cli("run", "pn3", "--dry-run", "--gpu", "seven", env=two)
+    assert bad.returncode == 2 and bad.stderr.startswith("--gpu seven: must be"), bad.stderr
 
 
 def test_dry_run_state_table(tmp_path: Path, standin_smi: dict[str, str]) -> None:

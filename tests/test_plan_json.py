@@ -370,19 +370,17 @@ def test_pending_header_and_identity_mismatch_rows(tiny_path: Path, schema: dict
         assert row["gpu"] is not None and row["recipe_digest"] == recipe_digest(entry.recipe)
 
 
-def test_untuned_context_has_no_default_from_the_row(
-    tiny_path: Path, schema: dict[str, Any]
-) -> None:
+def test_untuned_context_keeps_the_recipe_default(tiny_path: Path, schema: dict[str, Any]) -> None:
     """--context N: the row is planned at N (context_tokens); the window without a request is
-    the recipe's, which the row does not carry when N differs (default_context_tokens null)."""
+    still the recipe's own (default_context_tokens), whatever N is."""
     entry = make_entry(tiny_path)
     h = headers_for(entry, tiny_path)
-    for context, default in ((1024, None), (512, 512)):
+    for context, default in ((1024, 512), (512, 512)):
         mp = plan_model("m", [entry], [inv_host("a")], h, PlanOptions(context=context))
         (row,) = rows_of(plan_json([mp], PlanOptions(context=context), offline=True))
         assert_seed_rules(row, schema)
         assert row["ok"] and row["context_tokens"] == context
-        assert row["default_context_tokens"] == default and row["tuned"] is (default is not None)
+        assert row["default_context_tokens"] == default and row["tuned"] is (context == default)
 
 
 def test_card_digest_is_the_label_digest_without_its_prefix(tiny_path: Path) -> None:

@@ -159,6 +159,7 @@ def _inventory_targets(
     from tensorless_deploy.facts.values import LABEL_BIND, LABEL_PORT, LABEL_TUNED
     from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.status import model_units
     from tensorless_deploy.launch.spec import unit_name
     from tensorless_deploy.local.bench import over_channel
 
@@ -173,26 +174,26 @@ def _inventory_targets(
         if isinstance(units, str):
             failed.append(f"{host.name}: {units}")
             continue
-        unit = next((u for u in units if u.name == want), None)
-        if unit is None:
+        instances = model_units(units, [entry])
+        if not instances:
             failed.append(f"{host.name}: {want} is not deployed here")
             continue
-        labels = unit.container_labels or unit.unit_labels
-        port_text = labels.get(LABEL_PORT, "")
-        if not port_text.isdigit():
-            failed.append(f"{host.name}: {want} carries no {LABEL_PORT} label")
-            continue
-        port = int(port_text)
-        bind = reach_host(labels.get(LABEL_BIND, DEFAULT_BIND))
-        tuned = {"true": True, "false": False}.get(labels.get(LABEL_TUNED, ""))
-        transport = host.connector.client.get_transport()
+        for unit in instances:  # every instance of the recipe on the host
+            labels = unit.container_labels or unit.unit_labels
+            port_text = labels.get(LABEL_PORT, "")
+            if not port_text.isdigit():
+                failed.append(f"{host.name}: {unit.name} carries no {LABEL_PORT} label")
+                continue
+            port = int(port_text)
+            bind = reach_host(labels.get(LABEL_BIND, DEFAULT_BIND))
+            tuned = {"true": True, "false": False}.get(labels.get(LABEL_TUNED, ""))
+            transport = host.connector.client.get_transport()
 
-        def channel(t: Any = transport, b: str = bind, p: int = port) -> Any:
-            return t.open_channel("direct-tcpip", (b, p), ("127.0.0.1", 0), timeout=10)
+            def channel(t: Any = transport, b: str = bind, p: int = port) -> Any:
+                return t.open_channel("direct-tcpip", (b, p), ("127.0.0.1", 0), timeout=10)
 
-        targets.append(
-            (f"{host.name} ({address(bind, port)} over ssh)", over_channel(channel), tuned, None)
-        )
+            where = f"{host.name} {unit.name} ({address(bind, port)} over ssh)"
+            targets.append((where, over_channel(channel), tuned, None))
     return targets
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.output import paint
-from tensorless_deploy.decisions.options import Flags, check_flags
+from tensorless_deploy.decisions.options import Flags, Instances, check_flags, parse_instances
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.recipe import Catalog, load_catalog
 
@@ -53,9 +53,20 @@ def hosts_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
 
 
+def instances_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--instances",
+        metavar="N|all|GPUS",
+        help="instances per host, one per card: all (default), a count, or GPU indices/UUIDs "
+        "(0,1 or GPU-...); overrides tensorless_instances",
+    )
+
+
 def flags_from(args: argparse.Namespace, **names: str) -> Flags:
     """The operator options given on this command line, checked before any host is touched
     (names: this command's own spelling of a flag, e.g. run's --host for the bind address)."""
+    if getattr(args, "gpu", None) is not None:
+        names = {"instances": "--gpu", **names}
     return check_flags(
         Flags(
             port=getattr(args, "port", None),
@@ -63,11 +74,20 @@ def flags_from(args: argparse.Namespace, **names: str) -> Flags:
             models_dir=getattr(args, "models_dir", None),
             engine=getattr(args, "engine", None),
             context=getattr(args, "context", None),
+            instances=_instances_arg(args),
             extra_args=tuple(getattr(args, "extra", ()) or ()),
             allow_draft=getattr(args, "allow_draft", False),
             flag_names=names or None,
         )
     )
+
+
+def _instances_arg(args: argparse.Namespace) -> Instances | None:
+    text = getattr(args, "instances", None)
+    gpu = getattr(args, "gpu", None)
+    if gpu is not None:  # one card, named by index or UUID: never a count
+        return (int(gpu) if gpu.isdigit() else gpu,)
+    return parse_instances(text) if text is not None else None
 
 
 class Refused(TensorlessError):

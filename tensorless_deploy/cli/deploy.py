@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from tensorless_deploy.cli.common import (
     catalog_from,
     flags_from,
+    instances_flag,
     print_results,
     recipes_flag,
     result_json,
@@ -120,5 +121,6 @@ def register(command: Command) -> None:
     p.add_argument(
         "--bind", metavar="ADDR", help="API address (default: tensorless_bind, else 127.0.0.1)"
     )
+    instances_flag(p)
     p.set_defaults(takes_extra=True)
     recipes_flag(p)

@@ -6,7 +6,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from tensorless_deploy.cli.common import catalog_from, flags_from, hosts_flags, recipes_flag
+from tensorless_deploy.cli.common import (
+    catalog_from,
+    flags_from,
+    hosts_flags,
+    instances_flag,
+    recipes_flag,
+)
 from tensorless_deploy.cli.output import emit_json, paint, table
 
 if TYPE_CHECKING:
@@ -95,4 +101,5 @@ def register(command: Command) -> None:
         metavar="ADDR",
         help="serving address (default: tensorless_bind, else 127.0.0.1)",
     )
+    instances_flag(p)
     recipes_flag(p)

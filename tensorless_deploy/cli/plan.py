@@ -9,7 +9,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from tensorless_deploy.cli.common import catalog_from, flags_from, hosts_flags, recipes_flag
+from tensorless_deploy.cli.common import (
+    catalog_from,
+    flags_from,
+    hosts_flags,
+    instances_flag,
+    recipes_flag,
+)
 from tensorless_deploy.cli.output import emit_json, paint, table
 from tensorless_deploy.errors import UsageError
 
@@ -179,4 +185,5 @@ def register(command: Command) -> None:
     p.add_argument(
         "--bind", metavar="ADDR", help="serving address (default: tensorless_bind, else 127.0.0.1)"
     )
+    instances_flag(p)
     recipes_flag(p)

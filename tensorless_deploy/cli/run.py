@@ -42,8 +42,13 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     entries = catalog_from(args).find(args.model)
     flags = flags_from(args, **RUN_FLAG_NAMES)
     cache = cache_dir()
-    # the Hub cache is where huggingface_hub puts it, whatever its path: not an operator option
-    options = dataclasses.replace(resolve(flags, None, HERE, local=True), models_dir=cache)
+    # the Hub cache is where huggingface_hub puts it, whatever its path: not an operator option;
+    # a foreground run is one instance: the card --gpu names, else the first that matches
+    options = dataclasses.replace(
+        resolve(flags, None, HERE, local=True),
+        models_dir=cache,
+        instances=flags.instances if flags.instances is not None else 1,
+    )
     plan = plan_host(HERE, local_facts(cache), entries, options, units=False)
     if plan.recipe is None:
         raise Refused(args.model, plan.failed())
@@ -227,6 +232,11 @@ def register(command: Command) -> None:
         "--dry-run",
         action="store_true",
         help="print every value and the exact command; change nothing",
+    )
+    p.add_argument(
+        "--gpu",
+        metavar="N|UUID",
+        help="the card to run on (index or GPU-uuid; default: the first that matches)",
     )
     p = command("pull", "fetch a recipe's image (by digest) and model (sha256-verified)", cmd_pull)
     _local_flags(p, server=False)

@@ -29,7 +29,20 @@ DATA_BIND = "tensorless_bind"
 DATA_MODELS_DIR = "tensorless_models_dir"
 DATA_ENGINE = "tensorless_engine"
 DATA_GPUS = "tensorless_gpus"  # offline planning: the GPUs as nvidia-smi would list them
-DATA_KEYS = (DATA_PORT, DATA_BIND, DATA_MODELS_DIR, DATA_ENGINE, DATA_GPUS)
+DATA_INSTANCES = "tensorless_instances"  # "all", a count, or a list of GPU indices/UUIDs
+DATA_PORTS = "tensorless_ports"  # one port per instance, instead of tensorless_port + ordinal
+DATA_KEYS = (
+    DATA_PORT,
+    DATA_BIND,
+    DATA_MODELS_DIR,
+    DATA_ENGINE,
+    DATA_GPUS,
+    DATA_INSTANCES,
+    DATA_PORTS,
+)
+# Which matching cards a host serves on, one llama-server each: "all" of them, the first N,
+# or exactly these (GPU index as nvidia-smi numbers them, or "GPU-<uuid>").
+Instances = str | int | tuple[int | str, ...]
 
 _MODELS_DIR = re.compile(r"/[A-Za-z0-9._/+-]*")
 
@@ -85,6 +98,42 @@ def _engine(v: object) -> str | None:
     return None if v in ENGINE_CHOICES else "must be podman, docker or auto"
 
 
+_GPU_UUID = re.compile(r"GPU-[0-9a-fA-F-]{8,}")
+
+
+def _instances(v: object) -> str | None:
+    if v == "all" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        return None
+    if isinstance(v, (list, tuple)) and v:
+        ok = all(
+            (isinstance(g, int) and not isinstance(g, bool) and g >= 0)
+            or (isinstance(g, str) and _GPU_UUID.fullmatch(g) is not None)
+            for g in v
+        )
+        if ok and len(set(v)) == len(v):
+            return None
+    return (
+        'must be "all", a number of instances (1 or more), or a list of distinct GPU indices '
+        'or "GPU-<uuid>"s'
+    )
+
+
+def _ports(v: object) -> str | None:
+    if isinstance(v, (list, tuple)) and v and all(_port(p) is None for p in v):
+        return None if len(set(v)) == len(v) else "must not list a port twice"
+    return "must be a list of port numbers 1-65535, one per instance"
+
+
+def parse_instances(text: str) -> Instances:
+    """--instances / --gpu as typed: "all", "2", "0,1" or "GPU-...,GPU-..."."""
+    if text == "all":
+        return text
+    if text.isdigit():
+        return int(text)
+    parts = [p.strip() for p in text.split(",")]
+    return tuple(int(p) if p.isdigit() else p for p in parts)
+
+
 def _context(v: object) -> str | None:
     if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
         return None
@@ -100,7 +149,7 @@ class Setting:
 
     name: str
     data_key: str | None
-    flag: str
+    flag: str | None  # None: inventory data only
     rule: Rule
     default: Any
 
@@ -111,6 +160,8 @@ SETTINGS = (
     Setting("models_dir", DATA_MODELS_DIR, "--models-dir", _models_dir, DEFAULT_MODELS_DIR),
     Setting("engine", DATA_ENGINE, "--engine", _engine, "auto"),
     Setting("context", None, "--context", _context, None),
+    Setting("instances", DATA_INSTANCES, "--instances", _instances, "all"),
+    Setting("ports", DATA_PORTS, None, _ports, None),
 )
 
 
@@ -123,12 +174,14 @@ class Flags:
     models_dir: str | None = None
     engine: str | None = None
     context: int | None = None
+    instances: Instances | None = None
+    ports: tuple[int, ...] | None = None  # never on a command line: inventory data only
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)
 
     def spelled(self, setting: Setting) -> str:
-        return (self.flag_names or {}).get(setting.name, setting.flag)
+        return (self.flag_names or {}).get(setting.name, setting.flag or setting.data_key or "")
 
 
 @dataclass(frozen=True)
@@ -140,6 +193,8 @@ class Options:
     models_dir: str = DEFAULT_MODELS_DIR
     engine: EngineChoice = "auto"
     context: int | None = None  # None: the recipe's own (tuned)
+    instances: Instances = "all"
+    ports: tuple[int, ...] | None = None  # one per instance; None: port + ordinal
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     local: bool = False  # this machine: `run` needs no systemd
@@ -157,7 +212,8 @@ def check_flags(flags: Flags) -> Flags:
             continue
         why = s.rule(value)
         if why is not None:
-            raise UsageError(f"{flags.spelled(s)} {value}: {why}")
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            raise UsageError(f"{flags.spelled(s)} {shown}: {why}")
     return flags
 
 
@@ -176,12 +232,14 @@ def resolve(
         if value is None and s.data_key is not None and data is not None:
             given = data.get(s.data_key)
             if given is not None:
+                if isinstance(given, list):
+                    given = tuple(given)
                 why = s.rule(given)
                 if why is not None:
+                    override = f", or override with {flags.spelled(s)}" if s.flag else ""
                     raise InventoryError(
                         f"{host or 'host data'}: {s.data_key}: {why} (got {_show(given)})",
-                        fix=f"correct {s.data_key} in the inventory, or override with "
-                        f"{flags.spelled(s)}",
+                        fix=f"correct {s.data_key} in the inventory{override}",
                     )
                 value = given
         values[s.name] = s.default if value is None else value
@@ -191,6 +249,10 @@ def resolve(
         models_dir=values["models_dir"],
         engine=cast(EngineChoice, values["engine"]),
         context=values["context"],
+        instances=tuple(values["instances"])
+        if isinstance(values["instances"], list)
+        else values["instances"],
+        ports=tuple(values["ports"]) if values["ports"] is not None else None,
         extra_args=tuple(flags.extra_args),
         allow_draft=flags.allow_draft,
         local=local,

@@ -3,18 +3,20 @@ taking a model's units down."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tensorless_deploy.decisions.options import Flags
+from tensorless_deploy.facts.values import LABEL_MODEL, DeployedUnit
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
 from tensorless_deploy.fleet.deploy import HostResult, Outcome, StepResult, _meta_lines
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.status import UnitStatus, unit_status
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import unit_name
-from tensorless_deploy.recipe.catalog import Catalog
+from tensorless_deploy.recipe.catalog import Catalog, Entry
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,23 @@ def serving_digests(
     return out
 
 
+def model_units(units: Sequence[DeployedUnit], entries: Sequence[Entry]) -> list[DeployedUnit]:
+    """The units of a model on a host, every card's and every instance's: by the model label
+    the unit carries, or by name (base, base-1, ...) for a unit without labels."""
+    repos = {e.recipe.model.hf_repo.casefold() for e in entries}
+    names = re.compile("|".join(re.escape(unit_name(e.recipe)) + r"(-[0-9]+)?" for e in entries))
+    return [
+        u
+        for u in units
+        if u.unit_labels.get(LABEL_MODEL, "").casefold() in repos or names.fullmatch(u.name)
+    ]
+
+
+def unit_paths(name: str) -> tuple[str, str]:
+    """Where a unit of this tool may be: quadlet first, then the plain .service."""
+    return (f"{QUADLET_DIR}/{name}.container", f"{SYSTEMD_DIR}/{name}.service")
+
+
 def stop(
     inventory: Any,
     hosts: Sequence[Any],
@@ -59,36 +78,52 @@ def stop(
     purge: bool,
     flags: Flags | None = None,
 ) -> list[HostResult]:
-    """Stop and remove the model's unit on every host (every card's); --purge: its file too."""
+    """Stop and remove the model's units on every host (every card's, every instance's);
+    --purge: its model file too."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operation import add_op
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
 
+    from tensorless_deploy.facts.pyinfra import DeployedUnits
     from tensorless_deploy.operations.unit import removed
 
     entries = catalog.find(model)
     state = new_state(inventory)
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
-    errors = dict(
+    found = dict(
         zip(
             [h.name for h in hosts],
-            on_each_host(state, hosts, lambda h: None, keep_connected=True),
+            on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True),
             strict=True,
         )
     )
-    live = [h for h in hosts if errors[h.name] is None]
+    live = [h for h in hosts if not isinstance(found[h.name], str)]
     metas: dict[str, list[Any]] = {h.name: [] for h in live}
     try:
         state.set_stage(StateStage.Prepare)
         for h in live:
-            models_dir = options[h.name].models_dir
+            units = found[h.name]
+            assert not isinstance(units, str)
+            bases = {unit_name(e.recipe) for e in entries}
+            for u in model_units(units, entries):
+                if u.name in bases:
+                    continue  # with its recipe below (and its model file when purging)
+                res = add_op(
+                    state,
+                    removed,
+                    name=f"remove {u.name}",
+                    host=h,
+                    service=u.name,
+                    paths=unit_paths(u.name),
+                )
+                metas[h.name].append(res[h])
             for e in entries:
                 name = unit_name(e.recipe)
                 m = e.recipe.model
                 model_args: dict[str, Any] = (
                     dict(
-                        models_dir=models_dir,
+                        models_dir=options[h.name].models_dir,
                         repo=m.hf_repo,
                         revision=m.revision,
                         filename=m.file,
@@ -103,7 +138,7 @@ def stop(
                     name=f"remove {name}",
                     host=h,
                     service=name,
-                    paths=(f"{QUADLET_DIR}/{name}.container", f"{SYSTEMD_DIR}/{name}.service"),
+                    paths=unit_paths(name),
                     **model_args,
                 )
                 metas[h.name].append(res[h])
@@ -117,9 +152,9 @@ def stop(
         disconnect(hosts)
     results = []
     for h in hosts:
-        err = errors[h.name]
-        if err is not None:
-            results.append(HostResult(h.name, "failed", str(err)))
+        err = found[h.name]
+        if isinstance(err, str):
+            results.append(HostResult(h.name, "failed", err))
             continue
         ms = metas[h.name]
         failed = [m for m in ms if m.is_complete() and m.did_error()]

@@ -38,7 +38,13 @@ from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import Gpu
 from tensorless_deploy.gguf import kv
 from tensorless_deploy.gguf.header import GGUFHeader
-from tensorless_deploy.hostplan.plan import CARD_CHECKS, HostPlan, SurveyedHost, plan_host
+from tensorless_deploy.hostplan.plan import (
+    CARD_CHECKS,
+    HostPlan,
+    Instance,
+    SurveyedHost,
+    plan_host,
+)
 from tensorless_deploy.recipe.catalog import Entry, recipe_digest
 from tensorless_deploy.recipe.schema import Recipe
 
@@ -134,6 +140,9 @@ class Placement:
     error: str | None = None
     max_context_tokens: int | None = None
     default_context_tokens: int | None = None  # the context asked for: recipe's or --context
+    recipe_context: int | None = None  # the recipe's own run.context (what was measured)
+    unit: str | None = None  # the instance the host plan serves on this card, if any
+    address: str | None = None  # where that instance answers
     context_fits: bool | None = None
     tuned: bool = True
     kv_bytes_per_token: int | None = None
@@ -314,8 +323,16 @@ def _host_rows(model: str, host: SurveyedHost, rc: _Recipes) -> list[Placement]:
         fits = sorted(
             (g for g in report.gpus if gpu_fits_card(g, entry.recipe)), key=lambda g: g.index
         )
+        serving = {i.gpus[0].index: i for i in hp.instances}
         for gpu in fits:
-            rows.append(_gpu_row(model, host.name, entry, gpu, len(fits), rc, refusal))
+            inst = serving.get(gpu.index)
+            row_refusal = refusal
+            if row_refusal is None and hp.instances and inst is None:
+                row_refusal = (
+                    "not one of this host's instances (tensorless_instances / --instances "
+                    "choose the cards)"
+                )
+            rows.append(_gpu_row(model, host.name, entry, gpu, len(fits), rc, row_refusal, inst))
     if not rows:
         cards = "; ".join(
             f"{e.recipe.card.id} (compute {e.recipe.card.compute_capability}, >= "
@@ -342,6 +359,7 @@ def _gpu_row(
     n_matching: int,
     rc: _Recipes,
     deploy_refusal: str | None = None,
+    instance: Instance | None = None,
 ) -> Placement:
     recipe = entry.recipe
     options = rc.options
@@ -364,8 +382,11 @@ def _gpu_row(
         gpu=gpu,
         card_digest=rc.digest[entry.path],
         default_context_tokens=context,
+        recipe_context=recipe.run.context,
         tuned=tuned,
         card_memory=mem,
+        unit=instance.name if instance is not None else None,
+        address=instance.spec.address if instance is not None else None,
     )
 
     def refuse(code: ErrorCode, why: str | None) -> Placement:
@@ -549,9 +570,9 @@ def placement_json(p: Placement, alternative: bool = False) -> dict[str, Any]:
     where the tool's own largest_context_tokens and recipe_digest still say what was computed."""
     ok = p.ok
     need = p.need_bytes
-    # default_context_tokens is the window without a request: the recipe's context. The row
-    # carries the context it was planned at; that is the recipe's only when tuned.
-    default_ctx = p.default_context_tokens if p.tuned else None
+    # default_context_tokens is the window without a request: the recipe's context (the row's
+    # own context_tokens is the one asked for, --context N or the recipe's).
+    default_ctx = p.recipe_context
     return {
         # seed 002 PlacementPreview
         "card_digest": card_digest_hex(p.card_digest) if ok else None,
@@ -582,6 +603,8 @@ def placement_json(p: Placement, alternative: bool = False) -> dict[str, Any]:
         "largest_context_tokens": p.max_context_tokens,
         "context_fits": p.context_fits,
         "tuned": p.tuned,
+        "unit": p.unit,
+        "address": p.address,
         "memory": _memory_json(p),
         "notes": list(p.notes),
     }

@@ -10,6 +10,8 @@ compare with it. They cannot disagree because there is nothing else to consult.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +29,7 @@ from tensorless_deploy.decisions.checks import (
 )
 from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.facts.values import LABEL_PORT, Gpu, HostFacts
+from tensorless_deploy.facts.values import LABEL_PORT, Gpu, HostFacts, ToolUnit
 from tensorless_deploy.hub import CachePaths, resolve_url
 from tensorless_deploy.launch.render import UnitFile, render_quadlet, render_service
 from tensorless_deploy.launch.spec import LaunchSpec, build_launch_spec, unit_name
@@ -84,6 +86,7 @@ class HostPlan:
     engine_bin: str | None = None
     quadlet_bin: str | None = None
     problem: str | None = None  # a value that cannot be written into a unit safely
+    surplus: tuple[ToolUnit, ...] = ()  # instances of the recipe there beyond the plan: removed
 
     @property
     def ok(self) -> bool:
@@ -151,13 +154,70 @@ def engine_bin(facts: HostFacts, engine: EngineName) -> str:
     return found or DEFAULT_ENGINE_BINS[engine]
 
 
-def _instances(
-    facts: HostFacts, entry: Entry, options: Options, gpus: Sequence[Gpu], engine: EngineName
-) -> list[tuple[str, int, tuple[Gpu, ...]]]:
-    """(unit name, port, cards) of each instance. One instance holds every usable card."""
-    if not gpus:
-        return []
-    return [(unit_name(entry.recipe), options.port, tuple(gpus))]
+@dataclass(frozen=True)
+class Layout:
+    """Which cards get an instance each, on which port, under which unit name; or why the
+    operator's choice cannot be met (refused, never guessed around)."""
+
+    instances: tuple[tuple[str, int, Gpu], ...]  # (unit name, port, card)
+    problem: str | None = None
+
+
+def instance_name(base: str, ordinal: int) -> str:
+    """Instance 0 keeps the recipe's unit name; the others add their ordinal: base-1, base-2."""
+    return base if ordinal == 0 else f"{base}-{ordinal}"
+
+
+def _describe(gpus: Sequence[Gpu]) -> str:
+    return ", ".join(f"GPU {g.index} {g.uuid or ''}".strip() for g in gpus) or "none"
+
+
+def layout(usable: Sequence[Gpu], base: str, options: Options) -> Layout:
+    """One instance per usable card (the recipe was measured on one card): all of them, the
+    first N, or the ones the inventory lists (tensorless_instances); ports from tensorless_port
+    plus the ordinal, or the tensorless_ports list."""
+    cards = sorted(usable, key=lambda g: g.index)
+    choice = options.instances
+    chosen: list[Gpu]
+    if choice == "all":
+        chosen = cards
+    elif isinstance(choice, int):
+        if choice > len(cards):
+            return Layout(
+                (),
+                f"{choice} instance(s) asked, but {len(cards)} usable card(s) "
+                f"here: {_describe(cards)}",
+            )
+        chosen = cards[:choice]
+    else:
+        chosen = []
+        for want in choice:
+            hit = next((g for g in cards if g.index == want or g.uuid == want), None)
+            if hit is None:
+                return Layout(
+                    (), f"GPU {want} is not a usable card here (usable: {_describe(cards)})"
+                )
+            chosen.append(hit)
+    if options.ports is not None and len(options.ports) != len(chosen):
+        return Layout((), f"{len(options.ports)} port(s) listed for {len(chosen)} instance(s)")
+    ports = (
+        list(options.ports)
+        if options.ports is not None
+        else [options.port + i for i in range(len(chosen))]
+    )
+    bad = [p for p in ports if not 0 < p < 65536]
+    if bad:
+        return Layout((), f"port {bad[0]} for instance {ports.index(bad[0])} is beyond 65535")
+    return Layout(tuple((instance_name(base, i), ports[i], g) for i, g in enumerate(chosen)))
+
+
+def surplus_units(facts: HostFacts, base: str, keep: Sequence[str]) -> tuple[ToolUnit, ...]:
+    """Instances of this recipe on the host that the plan no longer has (base-N beyond the
+    count): they are stopped and removed when the plan is applied."""
+    if facts.tool is None:
+        return ()
+    pattern = re.compile(re.escape(base) + r"(-[0-9]+)?")
+    return tuple(u for u in facts.tool.units if pattern.fullmatch(u.name) and u.name not in keep)
 
 
 def plan_host(
@@ -181,16 +241,38 @@ def plan_host(
     usable = match_gpus(recipe, facts.gpus.gpus).usable if facts.gpus.state == "ok" else ()
     picked = pick_engine(facts, options.engine) if facts.engines is not None else None
     engine: EngineName = picked or ("docker" if options.engine == "docker" else "podman")
-    layout = _instances(facts, entry, options, usable, engine)
-    existing = existing_on(facts, [name for name, _, _ in layout], paths.blob)
-    ports = [port for _, port, _ in layout] or [options.port]
+    base = unit_name(recipe)
+    lay = layout(usable, base, options) if usable else Layout(())
+    names = [name for name, _, _ in lay.instances]
+    existing = existing_on(facts, names, paths.blob)
+    ports = [port for _, port, _ in lay.instances] or [options.port]
     verdict = host_verdict(facts, recipe, options, existing=existing, ports=ports)
+    if lay.problem is not None:
+        verdict = dataclasses.replace(
+            verdict,
+            checks=(
+                *verdict.checks,
+                Check(
+                    "instances.cards",
+                    "fail",
+                    lay.problem,
+                    'set tensorless_instances ("all", a count, or GPU indices/UUIDs) and '
+                    "tensorless_ports to what this host has",
+                ),
+            ),
+        )
+    elif len(lay.instances) > 1:
+        seen = "; ".join(f"{n} on GPU {g.index} at port {p}" for n, p, g in lay.instances)
+        verdict = dataclasses.replace(
+            verdict, checks=(*verdict.checks, Check("instances.cards", "ok", seen))
+        )
     binary = engine_bin(facts, engine)
     podman = facts.engines.podman if facts.engines is not None else None
     quadlet = units and engine == "podman" and podman is not None and podman.quadlet_supported
     instances: list[Instance] = []
     problem: str | None = None
-    for ordinal, (name, port, gpus) in enumerate(layout):
+    for ordinal, (name, port, gpu) in enumerate(lay.instances):
+        gpus = (gpu,)
         spec = build_launch_spec(
             recipe,
             engine=engine,
@@ -227,6 +309,7 @@ def plan_host(
         engine_bin=binary,
         quadlet_bin=podman.quadlet_path if quadlet and podman is not None else None,
         problem=problem,
+        surplus=surplus_units(facts, base, names) if lay.problem is None else (),
     )
 
 

@@ -109,6 +109,9 @@ H200_UUID = "GPU-ab6a0263-0ae2-1846-2f4f-455ff8b12167"
 P100_UUIDS = [
     "GPU-3f2c8a51-6d1e-4b7a-9c05-1e8d2f4a7b90",
     "GPU-a7d41c9e-2b35-4f86-8e1a-5c9b0d3e6f21",
+    # two more of the same made-up kind, for the 4-card host
+    "GPU-c2e85f13-7a49-4d0b-b6e2-8f31a9d4c705",
+    "GPU-d9b14e6a-3c87-45f2-a1d0-6e2b7c9f8a34",
 ]
 T4_UUID = "GPU-5e0b9d72-8c14-43a6-b2f9-0a6d1c7e3b58"
 CUDA = {"580": "13.0", "535": "12.2", "515": "11.7"}
@@ -479,6 +482,33 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
             | toolkit(p, d535, spec_driver=d_old)
             | libs(d535),
         },
+    }
+    # several matching cards: one instance per card (two and four idle P100s)
+    for n in (2, 4):
+        cards = [p100(i, P100_UUIDS[i]) for i in range(n)]
+        profiles[f"p100x{n}"] = {
+            "meta": meta(
+                f"{n} Tesla P100-PCIE-16GB, driver 535.183.01, all idle",
+                cards,
+                d535,
+                cdi_specs=["/etc/cdi/nvidia.yaml"],
+            ),
+            "files": smi(cards, d535, plain_535(cards, d535)) | toolkit(cards, d535) | libs(d535),
+        }
+    # a P100 beside an H200 on driver 580 (the last branch that still drives Pascal); the plain
+    # nvidia-smi table of this pair is not recorded (the tool reads only --query-gpu and -L)
+    h200_1 = dataclasses.replace(h200, bus="00000000:00:05.0")
+    pair = [p100(0, P100_UUIDS[0]), h200_1]
+    pair_files = smi(pair, d580, "") | toolkit(pair, d580) | libs(d580)
+    del pair_files[f"{STANDIN}/smi/plain.out"]
+    profiles["p100-h200"] = {
+        "meta": meta(
+            "one Tesla P100-PCIE-16GB + one NVIDIA H200, driver 580.159.04",
+            pair,
+            d580,
+            cdi_specs=["/etc/cdi/nvidia.yaml"],
+        ),
+        "files": pair_files,
     }
     return profiles
 
