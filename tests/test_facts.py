@@ -51,6 +51,8 @@ FACTS: dict[str, Callable[..., Any]] = {
     "ss": parsers.parse_ss,
     "ports-taken": _ports_taken,
     "version": parsers.parse_version,
+    "tool-state": parsers.parse_tool_state,
+    "engine-paths": parsers.parse_engine_paths,
     "survey": host_facts_from_survey,
     "inventory": host_facts_from_inventory,
 }
