@@ -55,7 +55,7 @@ def test_check_dir_with_errors_exits_1_and_prints_every_error(tmp_path: Path) ->
         "iamMrDuncan/Qwen3.8-27B-PN3-GGUF/p100.toml: model.revision: must be a 40-character "
         'lowercase hex commit, not a branch or tag ("main")',
         'iamMrDuncan/Qwen3.8-27B-PN3-GGUF/p100.toml: run.env: must not set "OMP_NUM_THREADS": '
-        "the launcher sets it",
+        "the launcher sets it from [run] threads_max",
     ]
     assert "Traceback" not in proc.stderr
 

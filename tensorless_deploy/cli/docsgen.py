@@ -14,9 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tensorless_deploy.recipe.flags import ALLOWED, FORBIDDEN, OWNED, OWNED_ENV, ServerFlag
 from tensorless_deploy.recipe.schema import (
-    LAUNCHER_ENV,
-    LAUNCHER_FLAGS,
     CardSection,
     EngineSection,
     ModelSection,
@@ -73,6 +72,40 @@ def _rows(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
+def _spellings(flag: ServerFlag) -> str:
+    return ", ".join(f"`{s}`" for s in (*flag.spellings, *flag.env))
+
+
+def _refused_markdown() -> list[str]:
+    """The flag list of recipe/flags.py as a table: what is refused in run.args, run.env and
+    after --, and why."""
+    lines = [
+        "## Refused llama-server flags",
+        "",
+        "Checked against the pinned engines' own `llama-server --help`: every spelling and",
+        "environment twin of each option below is refused in `run.args`, `run.env` and in a",
+        "run's extra args after `--`.",
+        "",
+        "| Flag and its twins | Why |",
+        "|---|---|",
+    ]
+    for f in OWNED:
+        lines.append(f"| {_spellings(f)} | the launcher sets it {f.why} |")
+    for e, why in OWNED_ENV.items():
+        lines.append(f"| `{e}` | the launcher sets it {why} |")
+    for f in FORBIDDEN:
+        allowed = f" (`{'`, `'.join(f.negations)}` stay allowed)" if f.negations else ""
+        lines.append(f"| {_spellings(f)} | it {f.why}{allowed} |")
+    lines += [
+        "",
+        "Reviewed and allowed (most name a file or the network): "
+        + ", ".join(f"`{s}`" for s in ALLOWED)
+        + " (reasons in `tensorless_deploy/recipe/flags.py`).",
+        "",
+    ]
+    return lines
+
+
 def reference_markdown() -> str:
     """The schema's own description, generated from the field descriptions."""
     lines = [
@@ -102,11 +135,14 @@ def reference_markdown() -> str:
         "## Rules across fields and files",
         "",
         "- The launcher sets "
-        + ", ".join(f"`{f}`" for f in LAUNCHER_FLAGS)
-        + " itself: `run.args` must not contain them (nor their `--flag=value` forms).",
-        "- `run.env` must not set " + ", ".join(f"`{e}`" for e in LAUNCHER_ENV) + ".",
-        "- No string may contain a newline or another control character: nothing from a recipe",
-        "  can inject a unit-file key.",
+        + ", ".join(f"`{f.name}`" for f in OWNED)
+        + " itself: `run.args` must not contain them in any spelling llama-server reads (short",
+        "  forms, `_` for `-` in `--` flags, `--flag=value`), `run.env` must not set their",
+        "  `LLAMA_ARG_*` twins nor " + ", ".join(f"`{e}`" for e in OWNED_ENV) + ", and extra args",
+        "  after `--` must not carry them either (use `--port`, `--bind` or `--context`).",
+        "- The flags in Refused llama-server flags below are refused the same way.",
+        "- No string may contain a newline or another control character (C0, DEL, C1): nothing",
+        "  from a recipe can inject a unit-file key or reach a terminal raw.",
         "- A GPU matches a card when its compute capability equals `compute_capability` and its",
         "  memory is at least `min_memory_mib`; a matching GPU with an older driver than",
         "  `min_driver` is refused, with the driver to install.",
@@ -115,6 +151,7 @@ def reference_markdown() -> str:
         "- Receipt numbers are finite and not negative. `info` shows measurement keys in the",
         "  order `short`, `ctx_4k`, `ctx_32k`, `ctx_65k`, then the rest alphabetically.",
         "",
+        *_refused_markdown(),
         "## Draft, released and unpublished",
         "",
         "| State | How it is set | `pull`, `run`, `serve`, `deploy` | `info` | `--dry-run` "

@@ -16,6 +16,7 @@ from typing import Any, Literal, cast
 
 from tensorless_deploy.errors import InventoryError, UsageError
 from tensorless_deploy.hub import DEFAULT_MODELS_DIR
+from tensorless_deploy.recipe.flags import extra_args_problem
 
 EngineChoice = Literal["auto", "podman", "docker"]
 ENGINE_CHOICES: tuple[EngineChoice, ...] = ("auto", "podman", "docker")
@@ -214,6 +215,10 @@ def check_flags(flags: Flags) -> Flags:
         if why is not None:
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
             raise UsageError(f"{flags.spelled(s)} {shown}: {why}")
+    # extra llama-server args may not set what the launcher sets, nor fetch or open anything
+    why = extra_args_problem(flags.extra_args, {s.name: flags.spelled(s) for s in SETTINGS})
+    if why is not None:
+        raise UsageError(why)
     return flags
 
 

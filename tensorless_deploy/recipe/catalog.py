@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from tensorless_deploy.errors import RecipeError, UnknownModelError, UsageError
 from tensorless_deploy.hub import CachePaths, cache_paths, host_state_dir
 from tensorless_deploy.recipe.schema import Recipe
+from tensorless_deploy.recipe.text import quoted
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -155,7 +156,7 @@ def _toml_type(value: Any) -> str:
 
 def _show(value: Any) -> str:
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return quoted(value)
     if isinstance(value, (dict, list)):
         return _toml_type(value)
     return repr(value)
@@ -172,7 +173,7 @@ def _dotted(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            key = part if _BARE_KEY.fullmatch(part) else json.dumps(part, ensure_ascii=True)
+            key = part if _BARE_KEY.fullmatch(part) and len(part) <= 80 else quoted(part)
             out += ("." if out else "") + key
     return out or "(top level)"
 
@@ -217,6 +218,14 @@ def parse_recipe(text: str, rel: str) -> tuple[Recipe | None, list[str]]:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         return None, [f"{rel}: invalid TOML: {exc}"]
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively; a recipe needs two levels
+        return None, [f"{rel}: invalid TOML: arrays or inline tables nested too deep"]
+    except ValueError as exc:  # an integer beyond Python's int-from-string digit limit
+        what = str(exc)
+        if "digits" in what:
+            what = "an integer with too many digits to read"
+        return None, [f"{rel}: invalid TOML: {quoted(what)[1:-1]}"]
     try:
         return Recipe.model_validate(data), []
     except ValidationError as exc:

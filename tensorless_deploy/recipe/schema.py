@@ -2,53 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-# Flags the launcher sets itself; a recipe's args must not carry them (seed 000, [run]).
-LAUNCHER_FLAGS: tuple[str, ...] = (
-    "-m",
-    "--model",
-    "--host",
-    "--port",
-    "-c",
-    "--ctx-size",
-    "-a",
-    "--alias",
-    "-t",
-    "--threads",
-    "-tb",
-    "--threads-batch",
-)
-# llama-server reads every flag from an LLAMA_ARG_* twin too; these would fight the launcher.
-LAUNCHER_ENV: tuple[str, ...] = (
-    "OMP_NUM_THREADS",
-    "LLAMA_ARG_MODEL",
-    "LLAMA_ARG_HOST",
-    "LLAMA_ARG_PORT",
-    "LLAMA_ARG_CTX_SIZE",
-    "LLAMA_ARG_ALIAS",
-    "LLAMA_ARG_THREADS",
-    "LLAMA_ARG_THREADS_BATCH",
-)
-_SET_FROM = {
-    "-m": "[model] file",
-    "--model": "[model] file",
-    "--host": "the operator's bind address",
-    "--port": "the operator's port",
-    "-c": "[run] context",
-    "--ctx-size": "[run] context",
-    "-a": "[run] alias",
-    "--alias": "[run] alias",
-    "-t": "[run] threads_max",
-    "--threads": "[run] threads_max",
-    "-tb": "[run] threads_max",
-    "--threads-batch": "[run] threads_max",
-}
+from tensorless_deploy.recipe.flags import OWNED, OWNED_ENV, arg_problem, env_problem
+from tensorless_deploy.recipe.text import has_control, quoted
+
 DECODE_KEYS: tuple[str, ...] = ("short", "ctx_32k", "ctx_65k")
 
 HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -66,19 +28,25 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 _DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 IMAGE_NAME = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}(?:/{_PATH})*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 ZERO40 = "0" * 40
 ZERO64 = "0" * 64
 
 
+# Numbers llama-server reads as a C int (-c, -t: std::stoi), and sizes as 64-bit counts.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
 def _q(value: str) -> str:
-    """A value shown in an error: quoted and escaped, so the error stays one line."""
-    return json.dumps(value, ensure_ascii=False)
+    """A value shown in an error: quoted, escaped and cut short, so the error stays one line."""
+    return quoted(value)
 
 
 def _no_control(value: str) -> str:
-    if _CONTROL.search(value):
-        raise ValueError("must not contain newlines or other control characters")
+    if has_control(value):
+        raise ValueError(
+            f"must not contain newlines or other control characters (C0, DEL, C1) ({_q(value)})"
+        )
     return value
 
 
@@ -188,6 +156,8 @@ class ModelSection(RecipeModel):
     def _size(cls, v: int) -> int:
         if v < 0:
             raise ValueError(f"must not be negative ({v})")
+        if v > INT64_MAX:
+            raise ValueError(f"must be at most {INT64_MAX:,} bytes ({v})")
         return v
 
     @field_validator("license")
@@ -229,6 +199,8 @@ class CardSection(RecipeModel):
     def _mem(cls, v: int) -> int:
         if v <= 0:
             raise ValueError(f"must be positive ({v})")
+        if v > INT32_MAX:
+            raise ValueError(f"must be at most {INT32_MAX:,} MiB ({v})")
         return v
 
     @field_validator("min_driver")
@@ -292,10 +264,6 @@ class EngineSection(RecipeModel):
         return self.image.partition("@")[2]
 
 
-def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0] if arg.startswith("--") else arg
-
-
 class RunSection(RecipeModel):
     """[run]: the measured llama-server settings."""
 
@@ -314,14 +282,18 @@ class RunSection(RecipeModel):
     args: list[str] = Field(
         default_factory=list,
         description="Every other `llama-server` argument, in order. Must not contain the flags "
-        "the launcher sets: " + ", ".join(f"`{f}`" for f in LAUNCHER_FLAGS) + ".",
+        "the launcher sets ("
+        + ", ".join(f"`{f.name}`" for f in OWNED)
+        + ") in any spelling llama-server reads (short, `_` for `-`, `--flag=value`), nor a flag "
+        "that loads weights from elsewhere or opens files or tools to callers (see Refused "
+        "llama-server flags).",
     )
     env: dict[str, str] = Field(
         default_factory=dict,
         description="The engine switches, exactly as measured. Each key must be a valid variable "
-        "name, and must not be one the launcher sets: "
-        + ", ".join(f"`{e}`" for e in LAUNCHER_ENV)
-        + ".",
+        "name, and must not be one the launcher sets ("
+        + ", ".join(f"`{e}`" for e in OWNED_ENV)
+        + " and the `LLAMA_ARG_*` twins of its flags) nor the twin of a refused flag.",
     )
 
     @field_validator("alias")
@@ -336,20 +308,19 @@ class RunSection(RecipeModel):
     def _positive(cls, v: int) -> int:
         if v <= 0:
             raise ValueError(f"must be positive ({v})")
+        if v > INT32_MAX:
+            raise ValueError(
+                f"must be at most {INT32_MAX:,}: llama-server reads it as an int ({v})"
+            )
         return v
 
     @field_validator("args")
     @classmethod
     def _args(cls, v: list[str]) -> list[str]:
         for arg in v:
-            if _CONTROL.search(arg):
-                raise ValueError(f"must not contain newlines or other control characters ({arg!r})")
-            flag = _flag_name(arg)
-            if flag in LAUNCHER_FLAGS:
-                raise ValueError(
-                    f'must not contain "{flag}": the launcher sets it from {_SET_FROM[flag]} '
-                    "(remove it)"
-                )
+            why = arg_problem(arg)
+            if why is not None:
+                raise ValueError(why)
         return v
 
     @field_validator("env")
@@ -358,11 +329,13 @@ class RunSection(RecipeModel):
         for key, value in v.items():
             if not ENV_NAME.fullmatch(key):
                 raise ValueError(f"has {_q(key)}, which is not a valid variable name")
-            if key in LAUNCHER_ENV:
-                raise ValueError(f"must not set {_q(key)}: the launcher sets it")
-            if _CONTROL.search(value):
+            why = env_problem(key)
+            if why is not None:
+                raise ValueError(why)
+            if has_control(value):
                 raise ValueError(
-                    f"value of {_q(key)} must not contain newlines or other control characters"
+                    f"value of {_q(key)} must not contain newlines or other control characters "
+                    f"({_q(value)})"
                 )
         return v
 
@@ -381,8 +354,8 @@ def _measurements(v: dict[str, float], allowed: tuple[str, ...] | None) -> dict[
 class ReceiptSection(RecipeModel):
     """[receipt]: what was measured, and where. Every key is optional."""
 
-    source: str | None = Field(None, description="Who measured the numbers, and on what build.")
-    summary: str | None = Field(None, description="One or two sentences on the result.")
+    source: Text | None = Field(None, description="Who measured the numbers, and on what build.")
+    summary: Text | None = Field(None, description="One or two sentences on the result.")
     decode_tps: dict[str, float] = Field(
         default_factory=dict,
         description="Decode speed in tokens per second. Keys: `short`, `ctx_32k`, `ctx_65k`. "
@@ -396,6 +369,13 @@ class ReceiptSection(RecipeModel):
         default_factory=list,
         description="The scope of each number, and anything else a reader needs.",
     )
+
+    @field_validator("notes")
+    @classmethod
+    def _notes(cls, v: list[str]) -> list[str]:
+        for note in v:
+            _no_control(note)
+        return v
 
     @field_validator("decode_tps")
     @classmethod
