@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import pkgutil
 import re
 import shlex
 from collections.abc import Callable
@@ -45,8 +46,6 @@ from tensorless_deploy.operations import _run
 
 SCENARIOS = Path(__file__).parent / "operations"
 OPERATIONS_PACKAGE = "tensorless_deploy.operations"
-# the modules whose @operation functions are public (deploy holds the @deploy functions)
-OPERATION_MODULES = ("image", "model", "unit")
 KEYS = {"description", "args", "env", "facts", "commands", "noop_description"}
 
 # fact class name -> JSON -> the value the real fact's process() returns
@@ -133,11 +132,22 @@ def _operation(folder: str) -> Any:
 
 
 def _public_operations() -> set[str]:
+    """Every @operation of the package's modules (not the @deploy functions, not _private)."""
     found = set()
-    for module in OPERATION_MODULES:
+    package = import_module(OPERATIONS_PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        module = info.name
+        if module.startswith("_"):
+            continue
         mod = import_module(f"{OPERATIONS_PACKAGE}.{module}")
         for name, value in vars(mod).items():
-            if hasattr(value, "_inner") and getattr(value, "__module__", "") == mod.__name__:
+            inner = getattr(value, "_inner", None)
+            # @operation and @deploy both keep the function as _inner; a deploy's has a name
+            if (
+                inner is not None
+                and value.__module__ == mod.__name__
+                and not hasattr(inner, "deploy_name")
+            ):
                 found.add(f"{module}.{name}")
     return found
 
@@ -151,7 +161,9 @@ def _scenarios() -> list[Any]:
 
 def test_every_operation_has_scenarios_and_every_folder_an_operation() -> None:
     folders = {p.name for p in SCENARIOS.iterdir() if p.is_dir()}
-    assert folders == _public_operations()
+    operations = _public_operations()
+    assert not operations - folders, f"operations without scenarios: {sorted(operations - folders)}"
+    assert not folders - operations, f"folders without an operation: {sorted(folders - operations)}"
     for folder in folders:
         assert list((SCENARIOS / folder).glob("*.json")), f"{folder}: no scenario"
 
