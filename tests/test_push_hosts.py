@@ -39,7 +39,7 @@ AIRGAP = """table inet tl_airgap {
 @pytest.fixture
 def airgapped(ssh: SshRunner) -> Iterator[str]:
     """gpu1 with every outbound packet but SSH replies dropped (no registry, no model server)."""
-    ssh("gpu1", "nft -f -", input=AIRGAP)
+    ssh("gpu1", "nft -f -", input=AIRGAP.replace("10.253.0.0/24", ssh.subnet))
     try:
         yield "gpu1"
     finally:
