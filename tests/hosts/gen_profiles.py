@@ -482,6 +482,21 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
             | toolkit(p, d535, spec_driver=d_old)
             | libs(d535),
         },
+        # what `prepare` starts from: the driver and nothing of the toolkit. The driver's answer
+        # to `nvidia-ctk cdi generate` is recorded, so a toolkit installed later (the .deb of
+        # tests/hosts/apt_repo.py carries the stand-in nvidia-ctk) generates a current spec.
+        "bare-driver": {
+            "meta": meta(
+                "P100 + driver 535.183.01 only: no nvidia-ctk, no CDI spec",
+                p,
+                d535,
+                ctk=False,
+                cdi_specs=[],
+            ),
+            "files": smi(p, d535, plain_535(p, d535))
+            | {f"{STANDIN}/ctk/cdi-generated.yaml": cdi_spec(p, d535)}
+            | libs(d535),
+        },
     }
     # several matching cards: one instance per card (two and four idle P100s)
     for n in (2, 4):
