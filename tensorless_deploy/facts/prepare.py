@@ -1,0 +1,132 @@
+"""pyinfra facts that `prepare`'s operations read, as plain data: the NVIDIA device nodes and
+their /dev/char links, the CDI specs of kind nvidia.com/gpu, and which refresh units keep the
+spec fresh (the toolkit's, or tensorless-deploy's own). The first two read the survey's own
+sections with its own parsers, so an operation and doctor judge a host alike."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+from typing import Any, TypedDict
+
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.facts import FactBase
+
+from .errors import FactError
+from .survey import (
+    cdi_sections,
+    device_sections,
+    read_cdi_specs,
+    read_devices,
+    split_sections,
+    survey_script,
+)
+from .values import CDI_GPU_KIND
+
+# Where the toolkit (1.18 and later) installs its refresh units, and where ours go.
+TOOLKIT_UNIT_DIRS = ("/usr/lib/systemd/system", "/lib/systemd/system")
+TOOLKIT_REFRESH_PATH = "nvidia-cdi-refresh.path"
+OUR_REFRESH_SERVICE = "tensorless-cdi-refresh.service"
+OUR_REFRESH_PATH = "tensorless-cdi-refresh.path"
+OUR_UNIT_DIR = "/etc/systemd/system"
+
+
+class NodeState(TypedDict):
+    uvm_present: bool  # /dev/nvidia-uvm is a character device
+    missing_char_links: list[str]  # NVIDIA nodes without their /dev/char/MAJOR:MINOR link
+
+
+class GpuSpec(TypedDict):
+    path: str
+    driver_version: str | None  # the driver it was generated for
+    devices: list[str]  # its device names: "0", "GPU-<uuid>", "all"
+
+
+class RefreshState(TypedDict):
+    toolkit_units: bool  # the toolkit's nvidia-cdi-refresh.path is installed
+    toolkit_path_enabled: str  # what `systemctl is-enabled` printed ('' for nothing)
+    our_service_sha256: str | None
+    our_path_sha256: str | None
+    our_path_enabled: str
+
+
+def _sections(output: Iterable[str]) -> Any:
+    try:
+        return split_sections(output)
+    except FactError as exc:
+        raise FactProcessError(exc.message) from exc
+
+
+class NvidiaNodes(FactBase[NodeState]):
+    """The NVIDIA device nodes as doctor's gpu.uvm and gpu.char_links checks see them."""
+
+    def command(self) -> str:
+        return survey_script(device_sections())
+
+    def process(self, output: Iterable[str]) -> NodeState:
+        try:
+            devices = read_devices(_sections(output))
+        except FactError as exc:
+            raise FactProcessError(exc.message) from exc
+        return {
+            "uvm_present": devices.uvm_present,
+            "missing_char_links": list(devices.missing_char_links),
+        }
+
+
+class GpuCdiSpecs(FactBase[list[GpuSpec]]):
+    """The CDI specs of kind nvidia.com/gpu in /etc/cdi and /var/run/cdi."""
+
+    def command(self) -> str:
+        return survey_script(cdi_sections())
+
+    def process(self, output: Iterable[str]) -> list[GpuSpec]:
+        try:
+            specs = read_cdi_specs(_sections(output))
+        except FactError as exc:
+            raise FactProcessError(exc.message) from exc
+        return [
+            {"path": s.path, "driver_version": s.driver_version, "devices": list(s.devices)}
+            for s in specs
+            if s.kind == CDI_GPU_KIND
+        ]
+
+
+def _sha(key: str, path: str) -> str:
+    p = shlex.quote(path)
+    return f"if [ -f {p} ]; then echo {key}=$(sha256sum {p} | cut -d' ' -f1); fi"
+
+
+def _enabled(key: str, unit: str) -> str:
+    return f'echo {key}="$(systemctl is-enabled {unit} 2>/dev/null)"'
+
+
+class CdiRefresh(FactBase[RefreshState]):
+    """Which refresh units keep the CDI spec fresh here: the toolkit's (present, enabled) and
+    ours (their files' sha256, enabled)."""
+
+    def command(self) -> str:
+        toolkit = " ".join(shlex.quote(f"{d}/{TOOLKIT_REFRESH_PATH}") for d in TOOLKIT_UNIT_DIRS)
+        return "; ".join(
+            [
+                f'for f in {toolkit}; do [ -f "$f" ] && echo toolkit_units=yes; done',
+                _enabled("toolkit_path_enabled", TOOLKIT_REFRESH_PATH),
+                _sha("our_service_sha256", f"{OUR_UNIT_DIR}/{OUR_REFRESH_SERVICE}"),
+                _sha("our_path_sha256", f"{OUR_UNIT_DIR}/{OUR_REFRESH_PATH}"),
+                _enabled("our_path_enabled", OUR_REFRESH_PATH),
+                "true",
+            ]
+        )
+
+    def process(self, output: Iterable[str]) -> RefreshState:
+        seen: dict[str, str] = {}
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            seen.setdefault(key, value)
+        return {
+            "toolkit_units": seen.get("toolkit_units") == "yes",
+            "toolkit_path_enabled": seen.get("toolkit_path_enabled", ""),
+            "our_service_sha256": seen.get("our_service_sha256") or None,
+            "our_path_sha256": seen.get("our_path_sha256") or None,
+            "our_path_enabled": seen.get("our_path_enabled", ""),
+        }

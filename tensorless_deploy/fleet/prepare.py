@@ -1,0 +1,211 @@
+"""prepare: survey every host, plan each one (hostplan.plan: readiness, or a model's plan), map
+its failed checks to the operations keyed by the same ids (hostplan.prepare), run them on all
+hosts in parallel with pyinfra, and report per host. A host that cannot be prepared fails alone,
+with one line and the log to read; the others go on."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tensorless_deploy.decisions.options import Flags
+from tensorless_deploy.fleet.connect import disconnect, new_state, survey_hosts
+from tensorless_deploy.hostplan.plan import plan_host, readiness
+from tensorless_deploy.hostplan.prepare import (
+    TOOLKIT_DATA_KEYS,
+    HostPrep,
+    Left,
+    Step,
+    driver_need,
+    prepare_host,
+    toolkit_source,
+)
+from tensorless_deploy.recipe.catalog import Catalog
+
+Outcome = Literal["changed", "unchanged", "failed", "skipped", "would change", "no change"]
+LOG_DIR_ENV = "TENSORLESS_LOG_DIR"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    check: str
+    action: str
+    outcome: str  # changed, unchanged, failed, not run, would change, no change
+    output: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    host: str
+    outcome: Outcome
+    reason: str | None = None  # one line: why it failed or was skipped
+    log: str | None = None  # the full output of every step (a run that changed or failed)
+    steps: tuple[StepResult, ...] = ()
+    left: tuple[Left, ...] = ()  # checks prepare does not fix: the operator's
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome not in ("failed", "skipped")
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    model: str | None = None  # None: readiness (what every model needs)
+    flags: Flags = field(default_factory=Flags)
+    toolkit: Mapping[str, str | None] = field(default_factory=dict)  # version, repo, key
+    dry: bool = False
+
+
+def log_dir() -> Path:
+    """Where prepare writes each host's log: $TENSORLESS_LOG_DIR, else the XDG state dir."""
+    given = os.environ.get(LOG_DIR_ENV)
+    if given:
+        return Path(given)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "tensorless-deploy"
+
+
+def _lines(meta: Any) -> tuple[str, ...]:
+    return tuple(line for line in (meta.stdout + "\n" + meta.stderr).splitlines() if line)
+
+
+def _step_results(prep: HostPrep, metas: Mapping[str, Any], dry: bool) -> tuple[StepResult, ...]:
+    out = []
+    for step in prep.steps:
+        meta = metas.get(step.check)
+        if meta is None:
+            out.append(StepResult(step.check, step.action, "not run"))
+        elif dry:
+            word = "would change" if meta.will_change else "no change"
+            out.append(StepResult(step.check, step.action, word))
+        elif not meta.is_complete():
+            out.append(StepResult(step.check, step.action, "not run"))
+        elif meta.did_error():
+            out.append(StepResult(step.check, step.action, "failed", _lines(meta)))
+        elif not meta.executed:
+            out.append(StepResult(step.check, step.action, "unchanged"))
+        else:
+            word = "changed" if meta.did_change() else "unchanged"
+            out.append(StepResult(step.check, step.action, word, _lines(meta)))
+    return tuple(out)
+
+
+def _write_log(host: str, steps: Sequence[StepResult]) -> str:
+    directory = log_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"prepare-{host}.log"
+    text = [f"tensorless-deploy prepare {host} {time.strftime('%Y-%m-%dT%H:%M:%S%z')}"]
+    for s in steps:
+        text.append(f"== {s.check}: {s.outcome}: {s.action}")
+        text += [f"  {line}" for line in s.output]
+    path.write_text("\n".join(text) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _result(prep: HostPrep, steps: tuple[StepResult, ...], dry: bool) -> PrepareResult:
+    if dry:
+        word: Outcome = (
+            "would change" if any(s.outcome == "would change" for s in steps) else "no change"
+        )
+        return PrepareResult(prep.host, word, steps=steps, left=prep.left)
+    failed = [s for s in steps if s.outcome == "failed"]
+    changed = any(s.outcome == "changed" for s in steps)
+    log = _write_log(prep.host, steps) if failed or changed else None
+    if failed:
+        last = failed[0].output[-1] if failed[0].output else "no output"
+        reason = f"{failed[0].check} failed: {last}; read {log}"
+        return PrepareResult(prep.host, "failed", reason, log, steps, prep.left)
+    return PrepareResult(
+        prep.host, "changed" if changed else "unchanged", None, log, steps, prep.left
+    )
+
+
+def prepare(
+    inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: PrepareRequest
+) -> list[PrepareResult]:
+    """Make every host ready (for request.model, or for any model): the fixes doctor knows how to
+    apply safely, each once; the per-host result says what changed and what is left."""
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+
+    from tensorless_deploy.operations.prepare import prepare_plan
+
+    entries = catalog.find(request.model) if request.model else []
+    need = driver_need([e.recipe for e in (entries or catalog.entries)])
+    sources = {
+        h.name: toolkit_source(
+            request.toolkit, {k: h.data.get(k) for k in TOOLKIT_DATA_KEYS}, h.name
+        )
+        for h in hosts
+    }
+    state = new_state(inventory)
+    surveyed = survey_hosts(state, hosts, request.flags, keep_connected=True)
+    by_name = {h.name: h for h in hosts}
+    results: dict[str, PrepareResult] = {}
+    preps: dict[str, HostPrep] = {}
+    try:
+        for s in surveyed:
+            if s.facts is None:
+                results[s.name] = PrepareResult(s.name, "failed", s.error)
+                continue
+            if request.model:
+                plan = plan_host(s.name, s.facts, entries, s.options)
+            else:
+                plan = readiness(s.name, s.facts, catalog, s.options)
+            prep = prepare_host(plan, s.facts, sources[s.name], need)
+            if prep.stop is not None:
+                results[s.name] = PrepareResult(s.name, "skipped", prep.stop, left=prep.left)
+            else:
+                preps[s.name] = prep
+        metas: dict[str, dict[str, Any]] = {}
+        if preps:
+            state.set_stage(StateStage.Prepare)
+            for name, prep in preps.items():
+                add_deploy(state, prepare_plan, prep=prep, steps=metas, host=by_name[name])
+            if not request.dry:
+                state.set_stage(StateStage.Execute)
+                try:
+                    run_ops(state)
+                except PyinfraError as exc:
+                    if "No hosts remaining" not in str(exc):
+                        raise  # pyinfra stops when every host failed: the report says why
+        for name, prep in preps.items():
+            steps = _step_results(prep, metas.get(name, {}), request.dry)
+            results[name] = _result(prep, steps, request.dry)
+    finally:
+        disconnect(hosts)
+    return [results[h.name] for h in hosts]
+
+
+def step_json(s: StepResult) -> dict[str, Any]:
+    return {"check": s.check, "action": s.action, "outcome": s.outcome, "output": list(s.output)}
+
+
+def result_json(r: PrepareResult) -> dict[str, Any]:
+    return {
+        "host": r.host,
+        "outcome": r.outcome,
+        "ok": r.ok,
+        "reason": r.reason,
+        "log": r.log,
+        "steps": [step_json(s) for s in r.steps],
+        "left": [
+            {
+                "id": x.check.id,
+                "status": x.check.status,
+                "evidence": x.check.evidence,
+                "fix": x.check.fix,
+                "why": x.why,
+            }
+            for x in r.left
+        ],
+    }
+
+
+__all__ = ["PrepareRequest", "PrepareResult", "Step", "StepResult", "prepare", "result_json"]

@@ -1,0 +1,254 @@
+"""What `prepare` does to one host (pure): the host plan's failed checks, each automatable one
+mapped to the operation keyed by the same check id, and every other one reported with why it is
+left to the operator.
+
+The driver is never installed or changed: a failed driver check (or a card, systemd or recipe
+check that says this host cannot serve at all) stops the host with one line naming the driver
+the recipes need. Docker is never installed; podman comes from the host's own packages, the
+NVIDIA Container Toolkit from NVIDIA's package repository (or the mirror the inventory names).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorless_deploy.decisions.checks import Check
+from tensorless_deploy.errors import InventoryError, UsageError
+from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.hostplan.plan import HostPlan
+from tensorless_deploy.recipe.schema import Recipe
+
+# Where NVIDIA publishes the toolkit's packages (its install guide's repository), and the
+# inventory keys / flags that point elsewhere (a mirror) or pin a version.
+NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container"
+DATA_TOOLKIT_VERSION = "tensorless_toolkit_version"
+DATA_TOOLKIT_REPO = "tensorless_toolkit_repo"
+DATA_TOOLKIT_KEY = "tensorless_toolkit_key"
+TOOLKIT_DATA_KEYS = (DATA_TOOLKIT_VERSION, DATA_TOOLKIT_REPO, DATA_TOOLKIT_KEY)
+
+# The check ids prepare has an operation for, in the order the operations run.
+ENGINE = "engine.present"
+TOOLKIT = "toolkit.present"
+CDI = "toolkit.cdi"
+UVM = "gpu.uvm"
+CHAR_LINKS = "gpu.char_links"
+SELINUX = "selinux.devices"
+MODELS = "disk.model"
+STEP_ORDER = (ENGINE, TOOLKIT, CDI, UVM, CHAR_LINKS, SELINUX, MODELS)
+# A failed check among these means the host cannot serve at all: prepare changes nothing there.
+DRIVER_CHECKS = ("driver.present", "driver.loaded", "driver.version")
+STOPS = (*DRIVER_CHECKS, "card.match", "systemd.pid1", "recipe.state")
+# The SELinux type the models directory gets where SELinux is enforcing: the units mount it
+# read-only, and a container may read files of this type.
+MODELS_LABEL = "container_ro_file_t"
+
+# Why prepare leaves a check to the operator (the check's own fix says what to run).
+LEFT_WHY = {
+    "engine.quadlet": "a newer podman is a distribution upgrade: prepare leaves it to you",
+    "toolkit.docker_runtime": "registering the runtime restarts docker, which stops every "
+    "container on the host: run the fix when you choose",
+    "disk.model": "prepare never deletes anything to make room",
+    "port.free": "prepare never stops what holds a port",
+}
+DOCKER_NEVER = (
+    "docker is never installed by prepare: install it yourself, or let prepare install podman "
+    "(tensorless_engine auto or podman)"
+)
+
+_VERSION = re.compile(r"[0-9][A-Za-z0-9.+~:-]*")
+_URL = re.compile(r"https?://[A-Za-z0-9._~:/%+@-]+")
+
+
+@dataclass(frozen=True)
+class ToolkitSource:
+    """Where the toolkit's packages come from, and which version (None: the repository's
+    newest)."""
+
+    repo: str = NVIDIA_TOOLKIT_REPO
+    key: str | None = None  # None: <repo>/gpgkey, as NVIDIA publishes it
+    version: str | None = None
+
+    @property
+    def key_url(self) -> str:
+        return self.key or f"{self.repo}/gpgkey"
+
+    def describe(self) -> str:
+        return f"{self.version or 'newest'} from {self.repo}"
+
+
+def _check_version(v: object) -> str | None:
+    if isinstance(v, str) and _VERSION.fullmatch(v):
+        return None
+    return "must be a package version as apt or dnf shows it, e.g. 1.17.8-1"
+
+
+def _check_url(v: object) -> str | None:
+    if isinstance(v, str) and _URL.fullmatch(v):
+        return None
+    return "must be an http:// or https:// URL of letters, digits and . _ ~ : / % + @ -"
+
+
+_RULES = (
+    ("version", DATA_TOOLKIT_VERSION, "--toolkit-version", _check_version),
+    ("repo", DATA_TOOLKIT_REPO, "--toolkit-repo", _check_url),
+    ("key", DATA_TOOLKIT_KEY, "--toolkit-key", _check_url),
+)
+
+
+def toolkit_source(
+    flags: Mapping[str, str | None], data: Mapping[str, object] | None, host: str
+) -> ToolkitSource:
+    """One host's toolkit source: a flag (flags: version, repo, key; None: not given) wins over
+    the host's data, which wins over NVIDIA's repository and its newest version."""
+    values: dict[str, Any] = {}
+    for name, key, flag, rule in _RULES:
+        value: object = flags.get(name)
+        if value is not None:
+            why = rule(value)
+            if why is not None:
+                raise UsageError(f"{flag} {value}: {why}")
+        elif data is not None and data.get(key) is not None:
+            value = data.get(key)
+            why = rule(value)
+            if why is not None:
+                raise InventoryError(
+                    f"{host}: {key}: {why} (got {value!r})",
+                    fix=f"correct {key} in the inventory, or override with {flag}",
+                )
+        values[name] = value.rstrip("/") if isinstance(value, str) else None
+    return ToolkitSource(
+        repo=values["repo"] or NVIDIA_TOOLKIT_REPO, key=values["key"], version=values["version"]
+    )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operation prepare runs: the check id it fixes, what it does (one line), and the
+    operation's arguments (operations.prepare.OPERATIONS[check])."""
+
+    check: str
+    action: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Left:
+    """A check that is not ok and that prepare does not fix: the check (with its fix) and why."""
+
+    check: Check
+    why: str
+
+
+@dataclass(frozen=True)
+class HostPrep:
+    """Everything prepare will do on one host, decided before anything runs."""
+
+    host: str
+    steps: tuple[Step, ...] = ()
+    left: tuple[Left, ...] = ()
+    stop: str | None = None  # why nothing is done on this host
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        return tuple(s.check for s in self.steps)
+
+
+def driver_need(recipes: Sequence[Recipe]) -> str:
+    """The drivers the recipes need, one per card: '525.60.13 (p100), 580.65.06 (h200)'."""
+    need: dict[str, str] = {}
+    for r in recipes:
+        need.setdefault(r.card.id, r.card.min_driver)
+    return ", ".join(f"{v} ({card})" for card, v in sorted(need.items())) or "any"
+
+
+def _stop_line(c: Check, need: str) -> str:
+    if c.id in DRIVER_CHECKS:
+        return (
+            f"{c.id}: {c.evidence}; the recipes need NVIDIA driver {need} or newer, and prepare "
+            "never installs or changes a driver (it needs a reboot in a window you choose)"
+            + (f": {c.fix}" if c.fix else "")
+        )
+    return f"{c.id}: {c.evidence}" + (f" (fix: {c.fix})" if c.fix else "")
+
+
+def _left_why(c: Check) -> str:
+    if c.id.endswith(".read"):
+        return "part of the survey could not be read: nothing to fix automatically"
+    return LEFT_WHY.get(c.id, "no safe automatic fix")
+
+
+def prepare_host(
+    plan: HostPlan, facts: HostFacts, toolkit: ToolkitSource, need: str = "any"
+) -> HostPrep:
+    """The steps for one host's plan (readiness or a model's), in STEP_ORDER, and the checks
+    left to the operator. need: the drivers the recipes need (``driver_need``)."""
+    checks = plan.verdict.checks
+    bad = [c for c in checks if c.status != "ok"]
+    stops = [c for c in bad if c.status == "fail" and c.id in STOPS]
+    if stops:
+        return HostPrep(plan.host, stop=_stop_line(stops[0], need), left=_left(bad, set()))
+    engine_docker = plan.options.engine == "docker" or plan.verdict.engine == "docker"
+    steps: dict[str, Step] = {}
+    failed = {c.id: c for c in bad}
+    if ENGINE in failed and facts.engines is not None and plan.options.engine != "docker":
+        steps[ENGINE] = Step(ENGINE, "podman from the host's own packages (apt or dnf)")
+    if TOOLKIT in failed:
+        steps[TOOLKIT] = Step(
+            TOOLKIT,
+            f"NVIDIA Container Toolkit {toolkit.describe()} (signing key {toolkit.key_url})",
+            {"repo_url": toolkit.repo, "key_url": toolkit.key_url, "version": toolkit.version},
+        )
+    gpus_ok = facts.gpus.state == "ok" and facts.driver_version is not None
+    needs_cdi = CDI in failed or (TOOLKIT in failed and not engine_docker)
+    if needs_cdi and gpus_ok:
+        uuids = (
+            plan.verdict.match.uuids
+            if plan.verdict.match is not None
+            else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)
+        )
+        steps[CDI] = Step(
+            CDI,
+            f"CDI spec generated for driver {facts.driver_version}, kept fresh after driver "
+            "changes (the toolkit's nvidia-cdi-refresh units where it ships them, else "
+            "tensorless-cdi-refresh.path), conflicting nvidia.com/gpu specs moved aside",
+            {"driver_version": facts.driver_version, "gpu_uuids": uuids},
+        )
+    if UVM in failed:
+        steps[UVM] = Step(
+            UVM,
+            "nvidia-uvm loaded now (modprobe, where the nvidia module is loaded) and at boot "
+            "(/etc/modules-load.d/nvidia-uvm.conf), its device nodes created "
+            "(nvidia-ctk system create-device-nodes --control-devices)",
+        )
+    if CHAR_LINKS in failed:
+        steps[CHAR_LINKS] = Step(
+            CHAR_LINKS,
+            "/dev/char links created now (nvidia-ctk system create-dev-char-symlinks "
+            "--create-all) and kept by the udev rule /etc/udev/rules.d/71-nvidia-dev-char.rules",
+            {"nodes_pending": UVM in steps},
+        )
+    if SELINUX in failed:
+        steps[SELINUX] = Step(SELINUX, "SELinux boolean container_use_devices on, persistent")
+    enforcing = facts.selinux is not None and facts.selinux.mode == "enforcing"
+    models = plan.options.models_dir
+    steps[MODELS] = Step(
+        MODELS,
+        f"models directory {models}: root-owned, mode 0755"
+        + (f", SELinux type {MODELS_LABEL}" if enforcing else ""),
+        {"path": models, "selinux_label": enforcing},
+    )
+    ordered = tuple(steps[c] for c in STEP_ORDER if c in steps)
+    return HostPrep(plan.host, ordered, _left(bad, set(steps) - {MODELS}, engine_docker))
+
+
+def _left(bad: Sequence[Check], fixed: set[str], engine_docker: bool = False) -> tuple[Left, ...]:
+    out = []
+    for c in bad:
+        if c.id in fixed or c.id in STOPS:
+            continue
+        why = DOCKER_NEVER if c.id == ENGINE and engine_docker else _left_why(c)
+        out.append(Left(c, why))
+    return tuple(out)
