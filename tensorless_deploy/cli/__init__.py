@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tensorless_deploy import __version__
+from tensorless_deploy.cli.output import terminal_guard
 from tensorless_deploy.errors import RecipeError, TensorlessError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -54,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # every line a command prints passes through output.safe (no raw ESC, C1 or CR from input)
+    with terminal_guard():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     # Everything after a bare "--" is extra llama-server args, for the commands that take them.

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorless_deploy.cli.output import paint
+from tensorless_deploy.cli.output import own, paint
 from tensorless_deploy.decisions.options import Flags, Instances, check_flags, parse_instances
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.recipe import Catalog, load_catalog
@@ -173,8 +173,9 @@ class Bar:
         self.last = now
         pct = 100 * done / total if total else 100.0
         bar = "#" * int(pct / 5)
+        cr = own("\r", sys.stderr)  # the bar's own carriage return passes the terminal guard
         sys.stderr.write(
-            f"\r{self.label} [{bar:<20}] {pct:5.1f}% {done / 1e6:,.1f}/{total / 1e6:,.1f} MB"
+            f"{cr}{self.label} [{bar:<20}] {pct:5.1f}% {done / 1e6:,.1f}/{total / 1e6:,.1f} MB"
         )
         if done >= total:
             sys.stderr.write("\n")

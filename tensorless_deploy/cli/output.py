@@ -1,12 +1,80 @@
-"""Printing for people and scripts: tables, JSON, colour only on a terminal without NO_COLOR."""
+"""Printing for people and scripts: tables, JSON, colour only on a terminal without NO_COLOR, and
+no byte a terminal would act on unless the tool put it there itself.
+
+Receipts, GGUF strings, GPU names, host names and command output all reach the screen. Every
+write to stdout and stderr during a command passes through ``safe`` (``main`` installs
+``terminal_guard``): C0 controls but the newline, DEL, C1 controls (U+009B is a CSI on many
+terminals) and the Unicode controls that reorder or break a displayed line are shown as
+``\\uXXXX``, which is also how JSON writes them, so JSON output stays valid. The tool's own
+colours and progress bar pass as a per-process token that no input can know in advance.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO, cast
+
+# What a terminal acts on: C0 but "\n", DEL, C1, the bidi embeddings, overrides and isolates,
+# and the line and paragraph separators.
+_UNSAFE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# Stands for ESC and CR in the tool's own output while a guard is installed (private-use
+# brackets around a random secret); safe() never produces it, no input can predict it.
+_TOKEN = f"\ue000{secrets.token_hex(8)}\ue001"
+_OWN = {"\x1b": _TOKEN + "e", "\r": _TOKEN + "r"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def safe(text: str) -> str:
+    """Text with every control a terminal would act on written as ``\\uXXXX`` (newlines kept:
+    callers put them there; a value that must stay on one line is quoted where it is made)."""
+    return _UNSAFE.sub(_escape, text)
+
+
+class GuardedStream:
+    """A text stream that writes everything through ``safe``, then turns the tool's own tokens
+    back into ESC and CR; every other attribute is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.wrapped = stream
+
+    def write(self, text: str) -> int:
+        out = safe(text)
+        if _TOKEN in out:
+            for char, token in _OWN.items():
+                out = out.replace(token, char)
+        self.wrapped.write(out)
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+@contextmanager
+def terminal_guard() -> Iterator[None]:
+    """Guard sys.stdout and sys.stderr for the duration of one command."""
+    saved = sys.stdout, sys.stderr
+    try:
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None and not isinstance(stream, GuardedStream):
+                setattr(sys, name, cast(TextIO, GuardedStream(stream)))
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def own(char: str, stream: TextIO) -> str:
+    """The tool's own ESC or CR for ``stream``: a token a guard turns back, else the character."""
+    return _OWN[char] if isinstance(stream, GuardedStream) else char
 
 
 def use_color(stream: TextIO) -> bool:
@@ -14,22 +82,29 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
 
 
-def paint(text: str, code: str, stream: TextIO = sys.stdout) -> str:
-    return f"\x1b[{code}m{text}\x1b[0m" if use_color(stream) else text
+def paint(text: str, code: str, stream: TextIO | None = None) -> str:
+    stream = sys.stdout if stream is None else stream
+    text = safe(text)
+    if not use_color(stream):
+        return text
+    esc = own("\x1b", stream)
+    return f"{esc}[{code}m{text}{esc}[0m"
 
 
-def emit_json(data: Any, stream: TextIO = sys.stdout) -> None:
-    json.dump(data, stream, indent=2, ensure_ascii=False)
-    stream.write("\n")
+def emit_json(data: Any, stream: TextIO | None = None) -> None:
+    """JSON for scripts: controls inside strings escaped (json leaves DEL and C1 raw)."""
+    stream = sys.stdout if stream is None else stream
+    stream.write(safe(json.dumps(data, indent=2, ensure_ascii=False)) + "\n")
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    """Left-aligned columns, two spaces apart, no trailing spaces."""
-    widths = [len(h) for h in header]
-    for row in rows:
+    """Left-aligned columns, two spaces apart, no trailing spaces; each cell on one line."""
+    clean = [[safe(c).replace("\n", "\\u000a") for c in row] for row in [header, *rows]]
+    widths = [len(h) for h in clean[0]]
+    for row in clean[1:]:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
     lines = []
-    for row in [header, *rows]:
+    for row in clean:
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)

@@ -7,6 +7,7 @@ failed command. Pure: building the script and reading its output do no I/O.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 
 from tensorless_deploy import shell
 from tensorless_deploy.hub import DEFAULT_MODELS_DIR, host_state_dir
+from tensorless_deploy.recipe.text import CONTROL
 
 from .errors import FactError
 from .parsers import (
@@ -35,6 +37,7 @@ from .parsers import (
     parse_tool_state,
 )
 from .values import (
+    COMPUTE_CAP,
     CdiReport,
     CdiSpec,
     ContainerEngines,
@@ -376,49 +379,136 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
 # --- offline: HostFacts from inventory data ----------------------------------------------------
 
 INVENTORY_KEYS: tuple[str, ...] = ("gpus", "driver_version", "cpus")
+INVENTORY_GPU_KEYS: tuple[str, ...] = (
+    "name",
+    "compute_cap",
+    "memory_total_mib",
+    "memory_used_mib",
+    "driver_version",
+    "uuid",
+    "index",
+    "count",
+)
+MAX_INVENTORY_GPUS = 64  # cards one host's data may describe (count included)
+_MIB_MAX = 2**31 - 1
+_DRIVER = re.compile(r"[0-9]+(\.[0-9]+)+")
+_GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{8,64}")
+_INVENTORY_FIX = (
+    'give gpus as a list of {"name": ..., "compute_cap": "6.0", "memory_total_mib": 16384'
+    '[, "memory_used_mib", "driver_version": "535.183.01", "uuid": "GPU-...", "count": N]}'
+)
 
 
-def _inventory_error(key: str, why: str) -> FactError:
-    return FactError(
-        f"inventory host data: {key}: {why}",
-        fix="give gpus as a list of {name, compute_cap, memory_total_mib[, uuid, count]}",
-    )
+class InventoryDataError(FactError):
+    """Inventory host data of the wrong shape: which key (``gpus[0].memory_total_mib``), why."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"inventory host data: {key}: {why}", fix=_INVENTORY_FIX)
+        self.key, self.why = key, why
+
+
+def _inventory_error(key: str, why: str) -> InventoryDataError:
+    return InventoryDataError(key, why)
+
+
+def _shown(value: object) -> str:
+    """A value in an inventory error: short, one line, its type named."""
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:60] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _whole(value: object, key: str, what: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise _inventory_error(key, f"must be {what} from {low} to {high:,}, not {_shown(value)}")
+    return value
+
+
+def _text(value: object, key: str, pattern: re.Pattern[str] | None, what: str) -> str:
+    ok = isinstance(value, str) and value.strip() != "" and not CONTROL.search(value)
+    if not ok or (pattern is not None and not pattern.fullmatch(str(value))):
+        raise _inventory_error(key, f"must be {what}, not {_shown(value)}")
+    return str(value)
+
+
+def _inventory_gpu(raw: object, key: str, driver: str | None) -> tuple[dict[str, Any], int]:
+    """One entry of gpus, checked key by key: the row nvidia-smi would give, and its count."""
+    if not isinstance(raw, Mapping):
+        raise _inventory_error(key, f"must be a mapping of GPU facts, not {_shown(raw)}")
+    unknown = [k for k in raw if k not in INVENTORY_GPU_KEYS]
+    if unknown:
+        raise _inventory_error(
+            f"{key}.{unknown[0]}" if isinstance(unknown[0], str) else key,
+            f"unknown key (a GPU has: {', '.join(INVENTORY_GPU_KEYS)})",
+        )
+    for required in ("name", "compute_cap", "memory_total_mib"):
+        if required not in raw:
+            raise _inventory_error(f"{key}.{required}", "is required")
+    total = _whole(raw["memory_total_mib"], f"{key}.memory_total_mib", "MiB", 1, _MIB_MAX)
+    row: dict[str, Any] = {
+        "name": _text(raw["name"], f"{key}.name", None, "the GPU's name, one line of text"),
+        "compute_cap": _text(
+            raw["compute_cap"], f"{key}.compute_cap", COMPUTE_CAP, 'a string such as "6.0"'
+        ),
+        "memory_total_mib": total,
+        "memory_used_mib": None,
+        "driver_version": driver,
+        "uuid": None,
+    }
+    if raw.get("memory_used_mib") is not None:
+        row["memory_used_mib"] = _whole(
+            raw["memory_used_mib"], f"{key}.memory_used_mib", "MiB", 0, total
+        )
+    if raw.get("driver_version") is not None:
+        row["driver_version"] = _text(
+            raw["driver_version"],
+            f"{key}.driver_version",
+            _DRIVER,
+            'a version such as "535.183.01"',
+        )
+    if raw.get("uuid") is not None:
+        row["uuid"] = _text(raw["uuid"], f"{key}.uuid", _GPU_UUID, '"GPU-" and its hex uuid')
+    if raw.get("index") is not None:
+        row["index"] = _whole(raw["index"], f"{key}.index", "a GPU index", 0, MAX_INVENTORY_GPUS)
+    count = _whole(raw.get("count", 1), f"{key}.count", "a number of cards", 1, MAX_INVENTORY_GPUS)
+    if count > 1 and (row["uuid"] is not None or "index" in row):
+        what = "uuid" if row["uuid"] is not None else "index"
+        raise _inventory_error(f"{key}.{what}", f"one {what} cannot name {count} cards (count)")
+    return row, count
 
 
 def host_facts_from_inventory(data: Mapping[str, Any]) -> HostFacts:
     """HostFacts for offline planning from inventory host data; other keys are ignored.
 
     ``gpus``: list of mappings with ``name``, ``compute_cap`` ("6.0"), ``memory_total_mib``,
-    optionally ``memory_used_mib``, ``uuid``, ``index`` and ``count`` (that many identical
-    cards); ``driver_version`` and ``cpus`` optional. Everything else stays unknown (None).
+    optionally ``memory_used_mib``, ``driver_version``, ``uuid``, ``index`` and ``count`` (that
+    many identical cards); ``driver_version`` and ``cpus`` optional. Everything else stays
+    unknown (None). Every value is checked by type and range: a wrong one raises
+    InventoryDataError naming the key (``gpus[0].memory_total_mib``), never a traceback.
     """
     raw_gpus = data.get("gpus")
     if not isinstance(raw_gpus, (list, tuple)) or not raw_gpus:
-        raise _inventory_error("gpus", "must be a non-empty list")
+        raise _inventory_error("gpus", f"must be a non-empty list, not {_shown(raw_gpus)}")
     driver = data.get("driver_version")
-    if driver is not None and not isinstance(driver, str):
-        raise _inventory_error("driver_version", "must be a string like 535.183.01")
+    if driver is not None:
+        driver = _text(driver, "driver_version", _DRIVER, 'a version such as "535.183.01"')
     rows: list[dict[str, Any]] = []
     for n, raw in enumerate(raw_gpus):
-        if not isinstance(raw, Mapping):
-            raise _inventory_error(f"gpus[{n}]", "must be a mapping")
-        entry = dict(raw)
-        count = entry.pop("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise _inventory_error(f"gpus[{n}].count", "must be a positive integer")
-        if count > 1 and entry.get("uuid") is not None:
-            raise _inventory_error(f"gpus[{n}].uuid", "one uuid cannot name several cards")
-        rows.extend(dict(entry) for _ in range(count))
+        row, count = _inventory_gpu(raw, f"gpus[{n}]", driver)
+        if len(rows) + count > MAX_INVENTORY_GPUS:
+            raise _inventory_error("gpus", f"describes more than {MAX_INVENTORY_GPUS} cards")
+        rows.extend(dict(row) for _ in range(count))
     gpus: list[dict[str, Any]] = []
     for position, row in enumerate(rows):
         row.setdefault("index", position)
-        row.setdefault("uuid", None)
-        row.setdefault("memory_used_mib", None)
-        row.setdefault("driver_version", driver)
         gpus.append(row)
+    for what in ("index", "uuid"):
+        seen = [g[what] for g in gpus if g[what] is not None]
+        if len(set(seen)) != len(seen):
+            raise _inventory_error("gpus", f"names a GPU {what} twice")
     cpus = data.get("cpus")
-    if cpus is not None and (not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1):
-        raise _inventory_error("cpus", "must be a positive integer")
+    if cpus is not None:
+        cpus = _whole(cpus, "cpus", "a number of CPUs", 1, 65536)
     try:
         report = GpuReport.model_validate({"state": "ok", "gpus": gpus})
     except ValueError as exc:  # pydantic's ValidationError is a ValueError

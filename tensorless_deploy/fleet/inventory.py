@@ -3,12 +3,15 @@ and each host's options resolved from its data and the command line (decisions.o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import types
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tensorless_deploy.decisions.options import DATA_GPUS, DATA_KEYS, Flags, Options, resolve
-from tensorless_deploy.errors import InventoryError, TensorlessError, UsageError
+from tensorless_deploy.errors import InventoryError, UsageError
 from tensorless_deploy.hostplan.plan import SurveyedHost
 
 
@@ -24,38 +27,196 @@ def options_for(host: Any, flags: Flags, *, local: bool = False) -> Options:
 
 
 def load_inventory(path: str | None, local: bool) -> Any:
-    """A pyinfra Inventory from a file (or host list), or this machine alone (@local)."""
+    """A pyinfra Inventory from a file (or host list), or this machine alone (@local).
+
+    An inventory file is the operator's own Python: whatever it raises (sys.exit included) is
+    reported as the inventory's problem, one line naming the file. Its groups are checked as
+    pyinfra would silently skip or misread them, and a host listed twice is refused. Exit codes:
+    a path that does not exist is a usage error (2); a file that exists but cannot be read or
+    loaded is a refused input, like a broken recipe (1).
+    """
     from pyinfra.api.inventory import Inventory
 
     if local:
         return Inventory((["@local"], {}))
     if path is None:
         raise UsageError("say which hosts: -i INVENTORY or --local")
-    if not Path(path).exists() and "," not in path and "@" not in path:
+    is_file = Path(path).exists()
+    if not is_file and "," not in path and "@" not in path:
         raise UsageError(f"{path}: no such inventory file", fix="pass -i FILE.py or --local")
-    from click import ClickException
+    if not is_file:
+        problem = _names_problem(path, [("the host list", path.split(","), None)])
+        if problem:
+            raise InventoryError(problem)
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
     # pyinfra executes inventory files inside a state context, as its own CLI does.
     try:
-        with ctx_state.use(State(check_for_changes=False)):
+        with ctx_state.use(State(check_for_changes=False)), _checking_groups(path) as seen:
             inventory = make_inventory(path)
-        if not list(inventory):
-            raise InventoryError(
-                f"{path}: no hosts (a group is a module-level list of names or (name, data) "
-                "tuples; see inventories/example.py)"
-            )
-        return inventory
-    except ClickException as exc:
-        # An inventory is the operator's own Python: whatever it raised is reported as theirs.
-        cause = getattr(exc, "exception", None) or exc.__cause__ or exc
+    except InventoryError:
+        raise
+    except SystemExit as exc:
         raise InventoryError(
-            f"{path}: cannot load the inventory: {type(cause).__name__}: {cause}"
-        ) from exc
-    except (SyntaxError, ImportError, OSError) as exc:
-        raise InventoryError(f"{path}: cannot load the inventory: {exc}") from exc
+            f"{path}: the inventory called sys.exit({exc.code!r}) while loading",
+            fix="an inventory only defines groups of hosts; remove the exit",
+        ) from None
+    except Exception as exc:
+        raise InventoryError(
+            f"{path}: cannot load the inventory: {_cause(exc, path)}",
+            fix="fix the inventory file (a group is a module-level list of names or "
+            "(name, data) tuples; see inventories/example.py)",
+        ) from None
+    if not list(inventory):
+        ignored = ", ".join(seen.ignored) if seen.ignored else "none"
+        raise InventoryError(
+            f"{path}: no hosts (a group is a module-level list of names or (name, data) "
+            f"tuples; variables that are not: {ignored}; see inventories/example.py)"
+        )
+    return inventory
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _cause(exc: BaseException, path: str) -> str:
+    """What went wrong, in the operator's file where the traceback says so."""
+    cause: BaseException = getattr(exc, "exception", None) or exc.__cause__ or exc
+    where = ""
+    if isinstance(cause, SyntaxError) and cause.lineno:
+        where = f"line {cause.lineno}: "
+    else:
+        tb = cause.__traceback__
+        while tb is not None:
+            if Path(tb.tb_frame.f_code.co_filename).resolve() == Path(path).resolve():
+                where = f"line {tb.tb_lineno}: "
+            tb = tb.tb_next
+    return where + _one_line(f"{type(cause).__name__}: {cause}")
+
+
+class _Seen:
+    ignored: tuple[str, ...] = ()
+
+
+@contextmanager
+def _checking_groups(path: str) -> Iterator[_Seen]:
+    """Check the inventory file's module-level values as pyinfra reads them (it executes the
+    file once, through pyinfra_cli.inventory.exec_file): refuse a group pyinfra would skip or
+    misread, and a host listed twice; note what is ignored."""
+    import pyinfra_cli.inventory as cli_inventory
+
+    seen = _Seen()
+    original = getattr(cli_inventory, "exec_file", None)
+    if original is None or not Path(path).is_file():
+        yield seen
+        return
+    target = Path(path).resolve()
+
+    def exec_file(filename: str, return_locals: bool = False, is_deploy_code: bool = False) -> Any:
+        attrs = original(filename, return_locals=return_locals, is_deploy_code=is_deploy_code)
+        if return_locals and isinstance(attrs, dict) and Path(filename).resolve() == target:
+            groups, seen.ignored = _groups(path, attrs)
+            problem = _names_problem(path, groups)
+            if problem:
+                raise InventoryError(problem)
+        return attrs
+
+    cli_inventory.exec_file = exec_file
+    try:
+        yield seen
+    finally:
+        cli_inventory.exec_file = original
+
+
+Group = tuple[str, Sequence[object], "dict[str, object] | None"]
+
+
+def _groups(path: str, attrs: dict[str, Any]) -> tuple[list[Group], tuple[str, ...]]:
+    """The inventory's groups as pyinfra takes them; a value that looks meant as a group but
+    that pyinfra would skip or misread raises InventoryError naming the variable."""
+
+    def refuse(key: str, why: str) -> InventoryError:
+        return InventoryError(
+            f"{path}: {key}: {why}",
+            fix='write a group as a list: gpus = ["host", ("host2", {"ssh_user": "root"})]',
+        )
+
+    groups: list[Group] = []
+    ignored: list[str] = []
+    for key, value in attrs.items():
+        if key.startswith("_") or isinstance(value, (types.ModuleType, type)) or callable(value):
+            continue
+        if isinstance(value, list):
+            if value and not any(isinstance(v, (str, tuple)) for v in value):
+                ignored.append(f"{key} (a list of no hosts)")  # a helper, such as ports
+                continue
+            groups.append((key, value, None))
+        elif isinstance(value, tuple):
+            if len(value) == 2 and isinstance(value[0], list) and isinstance(value[1], dict):
+                groups.append((key, value[0], value[1]))
+            elif value and all(isinstance(v, (str, tuple)) for v in value):
+                raise refuse(key, "is a tuple of hosts, which pyinfra reads as (hosts, data)")
+            else:
+                ignored.append(f"{key} ({type(value).__name__})")
+        elif isinstance(value, (set, frozenset)) and value:
+            raise refuse(key, f"is a {type(value).__name__} of hosts, which pyinfra skips")
+        elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            raise refuse(key, "is a dict of hosts, which pyinfra skips")
+        elif isinstance(value, types.GeneratorType):
+            raise refuse(key, "is a generator, which pyinfra skips")
+        else:
+            ignored.append(f"{key} ({type(value).__name__})")
+    for key, hosts, _ in groups:
+        for n, host in enumerate(hosts):
+            if isinstance(host, str):
+                continue
+            ok = (
+                isinstance(host, tuple)
+                and len(host) == 2
+                and isinstance(host[0], str)
+                and isinstance(host[1], dict)
+            )
+            if not ok:
+                raise refuse(
+                    f"{key}[{n}]",
+                    f"a host is a name or a (name, data) tuple, not {_shown(host)}",
+                )
+    return groups, tuple(ignored)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return (text if len(text) <= 60 else text[:60] + "...") + f" ({type(value).__name__})"
+
+
+def _names_problem(path: str, groups: Sequence[Group]) -> str | None:
+    """A host name pyinfra cannot use, one listed twice in a group, or one given its data in
+    two places (pyinfra would keep one of them without a word)."""
+    with_data: dict[str, tuple[str, object]] = {}
+    for key, hosts, _ in groups:
+        names: set[str] = set()
+        for host in hosts:
+            name, data = (host[0], host[1]) if isinstance(host, tuple) else (host, None)
+            if not isinstance(name, str):
+                continue
+            shown = json.dumps(name, ensure_ascii=True)
+            if not name.strip() or any(c.isspace() or not c.isprintable() for c in name):
+                return f"{path}: {key}: host name {shown} must be one word of printable text"
+            if name in names:
+                return f"{path}: {key}: host {shown} is listed twice; list it once"
+            names.add(name)
+            if data:
+                first = with_data.setdefault(name, (key, data))
+                if first[0] != key and first[1] != data:
+                    return (
+                        f"{path}: host {shown} has its own data in {first[0]} and in {key}; "
+                        "give its data once (pyinfra would keep only one)"
+                    )
+    return None
 
 
 def select_hosts(inventory: Any, limit: Sequence[str]) -> list[Any]:
@@ -73,8 +234,10 @@ def select_hosts(inventory: Any, limit: Sequence[str]) -> list[Any]:
 
 
 def offline_hosts(hosts: Sequence[Any], flags: Flags) -> list[SurveyedHost]:
-    """Host facts from inventory data (tensorless_gpus), without connecting."""
+    """Host facts from inventory data (tensorless_gpus), without connecting; data of the wrong
+    shape is an inventory error naming the host and the key."""
     from tensorless_deploy.facts import host_facts_from_inventory
+    from tensorless_deploy.facts.survey import InventoryDataError
 
     out = []
     for h in hosts:
@@ -85,7 +248,9 @@ def offline_hosts(hosts: Sequence[Any], flags: Flags) -> list[SurveyedHost]:
             out.append(SurveyedHost(h.name, options, None, why))
             continue
         try:
-            out.append(SurveyedHost(h.name, options, host_facts_from_inventory({"gpus": gpus})))
-        except TensorlessError as exc:
-            out.append(SurveyedHost(h.name, options, None, f"{DATA_GPUS}: {exc.message}"))
+            facts = host_facts_from_inventory({"gpus": gpus})
+        except InventoryDataError as exc:
+            key = DATA_GPUS + exc.key.removeprefix("gpus")
+            raise InventoryError(f"{h.name}: {key}: {exc.why}", fix=exc.fix) from None
+        out.append(SurveyedHost(h.name, options, facts))
     return out
