@@ -14,8 +14,15 @@ tensorless-deploy serves on it, each with its default:
                                                           when present, else docker)
     tensorless_gpus        (read over SSH)               for `plan --offline` only: the GPUs as
                                                           nvidia-smi would list them
+    tensorless_toolkit_version  (the newest)             for `prepare`: pin the NVIDIA Container
+                                                          Toolkit, e.g. "1.17.8-1"
+    tensorless_toolkit_repo  "https://nvidia.github.io/libnvidia-container"
+                                                          for `prepare`: its package repository
+                                                          (or a mirror with the same layout)
+    tensorless_toolkit_key   "<repo>/gpgkey"             for `prepare`: the repository's key
 
 Use it with:  tensorless-deploy doctor -i inventories/example.py [MODEL]
+              tensorless-deploy prepare -i inventories/example.py --dry-run
 """
 
 # Pascal boxes reached directly, key from ssh-agent or ~/.ssh/config.
@@ -34,6 +41,7 @@ h200_servers = [
             "_sudo": True,
             "tensorless_bind": "0.0.0.0",
             "tensorless_models_dir": "/srv/models",
+            "tensorless_toolkit_version": "1.17.8-1",  # what `prepare` installs, pinned
             # What `plan --offline` assumes before the host is reachable:
             "tensorless_gpus": [
                 {

@@ -32,6 +32,11 @@ DATA_ENGINE = "tensorless_engine"
 DATA_GPUS = "tensorless_gpus"  # offline planning: the GPUs as nvidia-smi would list them
 DATA_INSTANCES = "tensorless_instances"  # "all", a count, or a list of GPU indices/UUIDs
 DATA_PORTS = "tensorless_ports"  # one port per instance, instead of tensorless_port + ordinal
+# prepare: the NVIDIA Container Toolkit's version pin, repository and signing key (resolved and
+# validated by hostplan.prepare.toolkit_source)
+DATA_TOOLKIT_VERSION = "tensorless_toolkit_version"
+DATA_TOOLKIT_REPO = "tensorless_toolkit_repo"
+DATA_TOOLKIT_KEY = "tensorless_toolkit_key"
 DATA_KEYS = (
     DATA_PORT,
     DATA_BIND,
@@ -40,6 +45,9 @@ DATA_KEYS = (
     DATA_GPUS,
     DATA_INSTANCES,
     DATA_PORTS,
+    DATA_TOOLKIT_VERSION,
+    DATA_TOOLKIT_REPO,
+    DATA_TOOLKIT_KEY,
 )
 # Which matching cards a host serves on, one llama-server each: "all" of them, the first N,
 # or exactly these (GPU index as nvidia-smi numbers them, or "GPU-<uuid>").

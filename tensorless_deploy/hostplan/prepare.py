@@ -16,17 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensorless_deploy.decisions.checks import Check
+from tensorless_deploy.decisions.options import (
+    DATA_TOOLKIT_KEY,
+    DATA_TOOLKIT_REPO,
+    DATA_TOOLKIT_VERSION,
+)
 from tensorless_deploy.errors import InventoryError, UsageError
 from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.recipe.schema import Recipe
 
-# Where NVIDIA publishes the toolkit's packages (its install guide's repository), and the
-# inventory keys / flags that point elsewhere (a mirror) or pin a version.
+# Where NVIDIA publishes the toolkit's packages (its install guide's repository); the inventory
+# keys (decisions.options) and flags point elsewhere (a mirror) or pin a version.
 NVIDIA_TOOLKIT_REPO = "https://nvidia.github.io/libnvidia-container"
-DATA_TOOLKIT_VERSION = "tensorless_toolkit_version"
-DATA_TOOLKIT_REPO = "tensorless_toolkit_repo"
-DATA_TOOLKIT_KEY = "tensorless_toolkit_key"
 TOOLKIT_DATA_KEYS = (DATA_TOOLKIT_VERSION, DATA_TOOLKIT_REPO, DATA_TOOLKIT_KEY)
 
 # The check ids prepare has an operation for, in the order the operations run.
