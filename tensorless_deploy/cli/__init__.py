@@ -17,7 +17,7 @@ from tensorless_deploy.errors import RecipeError, TensorlessError
 
 Handler = Callable[[argparse.Namespace], int]
 Command = Callable[[str, str, Handler], argparse.ArgumentParser]
-COMMAND_MODULES = ("catalog", "doctor", "plan", "deploy", "run", "status", "bench")
+COMMAND_MODULES = ("catalog", "doctor", "prepare", "plan", "deploy", "run", "status", "bench")
 
 
 def _common(p: argparse.ArgumentParser, top: bool) -> None:
