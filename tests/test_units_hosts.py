@@ -141,8 +141,10 @@ WEIRD_ENV = {
     "TL_SPACES": "  lead and trail  ",
     "TL_EMPTY": "",
 }
-API_KEY = "k%1$x\"y\\z w'v"
-WEIRD_ARGS = ["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "--api-key", API_KEY]
+# --tags: a value llama-server hands back byte for byte in /v1/models (a recipe may not carry
+# --api-key, the operator's secret: recipe/flags.py)
+ODD_TAG = "k%1$x\"y\\z w'v"
+WEIRD_ARGS = ["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "--tags", ODD_TAG]
 
 
 def test_odd_env_and_args_arrive_exactly(
@@ -184,9 +186,6 @@ def test_odd_env_and_args_arrive_exactly(
         args = json.loads(ssh(name, f"podman inspect {UNIT} --format {fmt}").stdout)
         assert args[-len(WEIRD_ARGS) :] == WEIRD_ARGS, (name, args)
         assert args[args.index("--alias") + 1] == recipe["run"]["alias"]
-        # llama-server received the key byte for byte: it lets that key in, and no other
-        url = "http://127.0.0.1:8080/v1/models"
-        curl = "curl -s -o /dev/null -w '%{http_code}' -H"
-        ok = ssh(name, f"{curl} {shlex.quote('Authorization: Bearer ' + API_KEY)} {url}").stdout
-        bad = ssh(name, f"{curl} {shlex.quote('Authorization: Bearer k%1')} {url}").stdout
-        assert (ok, bad) == ("200", "401"), name
+        # llama-server received the value byte for byte: it lists it as the model's tag
+        models = json.loads(ssh(name, "curl -s http://127.0.0.1:8080/v1/models").stdout)
+        assert models["data"][0]["tags"] == [ODD_TAG], (name, models["data"][0])
