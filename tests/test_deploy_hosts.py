@@ -298,7 +298,7 @@ def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) ->
     assert rc == 0, out
     digest = fleet.by_host(report)["gpu1"]["recipe_digest"]
 
-    def status() -> dict[str, list[dict[str, Any]]]:
+    def status(code: int = 0) -> dict[str, list[dict[str, Any]]]:
         proc = cli(
             "status",
             "-i",
@@ -313,8 +313,10 @@ def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) ->
             "gpu2",
             "--json",
         )
-        assert proc.returncode == 0, proc.stderr
-        return {h["host"]: h["units"] for h in json.loads(proc.stdout)["hosts"]}
+        assert proc.returncode == code, proc.stdout + proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["exit_code"] == code and doc["ok"] is (code == 0)
+        return {h["host"]: h["units"] for h in doc["hosts"]}
 
     units = status()
     assert units["gpu2"] == []
@@ -324,9 +326,18 @@ def test_status_reports_health_tuning_and_drift_and_stop_purges(fleet: Fleet) ->
         assert u["healthy"] and u["tuned"] is True and u["recipe_digest"] == digest
         assert u["address"] == "127.0.0.1:8080" and u["drift"] == []
         assert u["image"] == fleet.hosts_json["image"]["ref"]
-    fleet.write(context=1024)  # the catalog moves on; the hosts do not
+        assert u["state"] == "serving" and u["rollback_available"] is False
+    fleet.write(context=1024)  # the catalog moves on; the hosts do not: drift, exit 3
+    units = status(3)
+    for name in ("gpu1", "legacy1"):
+        (u,) = units[name]
+        assert u["healthy"] and {d["field"]: (d["deployed"], d["wanted"]) for d in u["drift"]} == {
+            "context": ("4096", "1024")
+        }, u["drift"]
+    rc, _, out = fleet.deploy("gpu1", "legacy1")  # converge again: no drift, exit 0
+    assert rc == 0, out
     units = status()
-    assert any("recipe changed since deploy" in d for d in units["gpu1"][0]["drift"])
+    assert all(u["drift"] == [] and u["rollback_available"] for us in units.values() for u in us)
 
     proc = cli(
         "stop",

@@ -223,6 +223,19 @@ def test_model_fetch_resumes_refuses_wrong_bytes_and_is_idempotent(
     )
     assert hub.returncode == 0, hub.stderr
     assert Path(hub.stdout.strip()).resolve() == Path(got["blob"])
+    # the cache is the Hub's own: its scan sees one clean repo and nothing it does not know
+    # (the tool's stamps live beside the cache, in <cache>.state)
+    from huggingface_hub import scan_cache_dir
+
+    info = scan_cache_dir(cache)
+    assert info.warnings == [], info.warnings
+    assert [r.repo_id for r in info.repos] == [REPO]
+    (rev,) = next(iter(info.repos)).revisions
+    assert rev.commit_hash == COMMIT and [f.file_name for f in rev.files] == [FILE]
+    assert sorted(p.name for p in cache.iterdir()) == ["models--tensorless-test--tiny-llama-GGUF"]
+    assert (
+        cache.parent / (cache.name + ".state") / "verified" / got["blob"].rsplit("/", 1)[-1]
+    ).is_file()
 
 
 def test_wrong_bytes_are_refused_and_deleted(

@@ -207,7 +207,7 @@ def test_the_fake_host_refuses_a_fact_the_scenario_does_not_give() -> None:
 
 
 def test_a_bound_script_reads_back_its_parameters_exactly() -> None:
-    tricky = {"path": "/etc/a b/it's\nnew", "new": ""}
+    tricky = {"path": "/etc/a b/it's\nnew", "new": "", "sha": "0" * 64}
     command = _run.script("unit-install", **tricky)
     assert render(command) == {"script": "unit-install", "params": tricky}
 

@@ -53,6 +53,17 @@ def hosts_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
 
 
+def dry_run_flag(p: argparse.ArgumentParser) -> None:
+    """--dry-run on every command that changes something (--dry, its older spelling, too)."""
+    p.add_argument(
+        "--dry-run",
+        "--dry",
+        dest="dry_run",
+        action="store_true",
+        help="show what would change; change nothing",
+    )
+
+
 def instances_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--instances",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from tensorless_deploy.cli.common import (
     catalog_from,
+    dry_run_flag,
     flags_from,
     instances_flag,
     print_results,
@@ -52,9 +53,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])
     request = DeployRequest(
-        args.model, flags, args.dry, None if args.dry else token(), args.transfer
+        args.model, flags, args.dry_run, None if args.dry_run else token(), args.transfer
     )
-    if args.serial and not args.dry:
+    if args.serial and not args.dry_run:
         results = roll(inventory, hosts, catalog, request, args.serial)
         serving = serving_digests(inventory, hosts, catalog, args.model)
     else:
@@ -91,7 +92,7 @@ def register(command: Command) -> None:
     )
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
-    p.add_argument("--dry", action="store_true", help="show what would change; change nothing")
+    dry_run_flag(p)
     p.add_argument(
         "--transfer",
         choices=("auto", "pull", "push"),

@@ -12,6 +12,7 @@ from tensorless_deploy.cli.common import (
     Bar,
     Refused,
     catalog_from,
+    dry_run_flag,
     flags_from,
     print_results,
     recipes_flag,
@@ -191,7 +192,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     catalog.find(args.model)
     flags = flags_from(args, **RUN_FLAG_NAMES)
     inventory = load_inventory(None, local=True)
-    request = DeployRequest(args.model, flags, False, token(), "pull", local=True)
+    dry = args.dry_run
+    request = DeployRequest(args.model, flags, dry, None if dry else token(), "pull", local=True)
     results = deploy(inventory, select_hosts(inventory, []), catalog, request)
     if args.json:
         emit_json({"ok": all(r.ok for r in results), "hosts": [result_json(r) for r in results]})
@@ -245,3 +247,4 @@ def register(command: Command) -> None:
         "serve", "serve a recipe always-on on this machine: the deploy path, locally", cmd_serve
     )
     _local_flags(p, server=True)
+    dry_run_flag(p)

@@ -1,13 +1,14 @@
-"""status and stop: what each host serves, and taking a model down."""
+"""The operator's day two: status (for people and scripts), logs, stop, rollback, prune."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.common import (
     catalog_from,
+    dry_run_flag,
     flags_from,
     hosts_flags,
     print_results,
@@ -18,26 +19,40 @@ from tensorless_deploy.cli.output import emit_json, paint, table
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
+    from tensorless_deploy.fleet.deploy import HostResult
+
+STATE_COLOURS = {"serving": "32", "loading": "33"}
+
+
+def _hosts(args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+
+    local = getattr(args, "local", False) or getattr(args, "inventory", None) is None
+    inventory = load_inventory(args.inventory, local)
+    return inventory, select_hosts(inventory, args.limit or [])
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
     from tensorless_deploy.fleet.status import fleet_status
+    from tensorless_deploy.hostplan.status import exit_code
 
     catalog = catalog_from(args)
-    inventory = load_inventory(args.inventory, args.local)
-    hosts = select_hosts(inventory, args.limit or [])
-    report = fleet_status(inventory, hosts, catalog)
+    inventory, hosts = _hosts(args)
+    report = fleet_status(inventory, hosts, catalog, flags_from(args))
+    units = [u for h in report for u in h.units]
+    code = exit_code(any(h.error for h in report), units)
     if args.json:
         emit_json(
             {
+                "ok": code == 0,
+                "exit_code": code,
                 "hosts": [
                     {"host": h.host, "error": h.error, "units": [u.json() for u in h.units]}
                     for h in report
-                ]
+                ],
             }
         )
-        return 1 if any(h.error for h in report) else 0
+        return code
     rows = []
     for h in report:
         if h.error:
@@ -46,51 +61,166 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not h.units:
             rows.append([h.host, "nothing deployed", "", "", "", "", ""])
         for u in h.units:
-            health = paint("healthy", "32") if u.healthy else paint(u.active, "1;31")
+            state = paint(u.state, STATE_COLOURS.get(u.state, "1;31"))
+            if u.state == "crash loop" and u.restarts is not None:
+                state += f" ({u.restarts} restarts)"
             tuned = {True: "tuned", False: paint("untuned", "33"), None: "-"}[u.tuned]
+            drift = "; ".join(f"{d.field}: {d.deployed} -> {d.wanted}" for d in u.drift)
             rows.append(
                 [
                     h.host,
-                    f"{u.model or u.unit} on {u.card or '?'}",
+                    f"{u.unit} ({u.model or '?'} on {u.card or '?'})",
                     u.address or "-",
-                    health,
+                    state,
                     tuned,
                     (u.recipe_digest or "-")[:19],
-                    "; ".join(u.drift) or "no drift",
+                    drift or "no drift",
                 ]
             )
-    print(table(rows, ["HOST", "SERVES", "ADDRESS", "STATE", "TUNING", "RECIPE", "DRIFT"]))
-    return 1 if any(h.error for h in report) else 0
+    print(table(rows, ["HOST", "UNIT", "ADDRESS", "STATE", "TUNING", "RECIPE", "DRIFT"]))
+    word = {0: "all serving as the catalog says", 1: "not all serving", 3: "drift"}[code]
+    print(f"status: {word} (exit {code})", file=sys.stderr)
+    return code
 
 
-def cmd_stop(args: argparse.Namespace) -> int:
-    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
-    from tensorless_deploy.fleet.status import stop
-
-    catalog = catalog_from(args)
-    catalog.find(args.model)
-    inventory = load_inventory(args.inventory, args.inventory is None)
-    hosts = select_hosts(inventory, args.limit or [])
-    results = stop(inventory, hosts, catalog, args.model, args.purge, flags_from(args))
+def _report(args: argparse.Namespace, results: list[HostResult], what: str) -> int:
+    ok = all(r.ok for r in results)
     if args.json:
-        emit_json({"ok": all(r.ok for r in results), "hosts": [result_json(r) for r in results]})
+        emit_json({"ok": ok, "hosts": [result_json(r) for r in results]})
     else:
         print_results(results, max(args.verbose, 2))
         bad = [r.host for r in results if not r.ok]
         if bad:
-            print(f"failed: {', '.join(bad)}", file=sys.stderr)
-    return 0 if all(r.ok for r in results) else 1
+            print(f"{what} failed on: {', '.join(bad)}", file=sys.stderr)
+    return 0 if ok else 1
 
 
-def register(command: Command) -> None:
-    p = command("status", "what each host serves: model, port, health, tuning, drift", cmd_status)
-    hosts_flags(p)
-    recipes_flag(p)
-    p = command("stop", "stop and remove a model's unit (on this machine without -i)", cmd_stop)
+def cmd_stop(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.status import stop
+
+    catalog = catalog_from(args)
+    if args.purge:
+        catalog.find(args.model)  # purging needs the recipe: which file to remove
+    inventory, hosts = _hosts(args)
+    results = stop(
+        inventory, hosts, catalog, args.model, args.purge, flags_from(args), dry=args.dry_run
+    )
+    return _report(args, results, "stop")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.status import rollback
+
+    catalog = catalog_from(args)
+    inventory, hosts = _hosts(args)
+    results = rollback(inventory, hosts, catalog, args.model, dry=args.dry_run)
+    return _report(args, results, "rollback")
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.prune import prune
+
+    catalog = catalog_from(args)
+    inventory, hosts = _hosts(args)
+    results, lists = prune(inventory, hosts, catalog, flags_from(args), dry=args.dry_run)
+    ok = all(r.ok for r in results)
+    if args.json:
+        emit_json(
+            {
+                "ok": ok,
+                "dry_run": args.dry_run,
+                "hosts": [
+                    result_json(r)
+                    | {
+                        "unused_models": list(lists[r.host].blobs) if r.host in lists else [],
+                        "unused_images": list(lists[r.host].images) if r.host in lists else [],
+                        "kept_models": list(lists[r.host].kept_blobs) if r.host in lists else [],
+                        "kept_images": list(lists[r.host].kept_images) if r.host in lists else [],
+                    }
+                    for r in results
+                ],
+            }
+        )
+        return 0 if ok else 1
+    for r in results:
+        u = lists.get(r.host)
+        if u is None:
+            print(f"{r.host}: {paint('failed', '1;31')}  {r.reason}")
+            continue
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"{r.host}: {r.outcome}")
+        for b in u.blobs:
+            print(f"  {verb} model {b}")
+        for i in u.images:
+            print(f"  {verb} image {i}")
+        for b in u.kept_blobs:
+            print(f"  kept model {b} (a unit uses it)")
+        for i in u.kept_images:
+            print(f"  kept image {i} (a unit uses it)")
+        for s in r.steps:
+            if s.outcome == "failed":
+                print(f"  {s.name}: failed: {' '.join(s.output)}")
+    return 0 if ok else 1
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.logs import logs
+
+    catalog = catalog_from(args)
+    inventory, hosts = _hosts(args)
+    width = max((len(h.name) for h in hosts), default=0)
+
+    def emit(host: str, unit: str, line: str) -> None:
+        # every write is made terminal-safe by cli.output's guard (journal lines included)
+        print(f"{host.ljust(width)} {unit}: {line}", flush=True)
+
+    errors = logs(inventory, hosts, catalog, args.model, emit, lines=args.lines, follow=args.follow)
+    for host, why in errors.items():
+        print(f"{host}: {why}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _model_hosts(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument(
         "-i", "--inventory", metavar="INVENTORY", help="pyinfra inventory file (default: here)"
     )
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+
+
+def register(command: Command) -> None:
+    p = command(
+        "status",
+        "what each host serves: unit, address, state, tuning, drift field by field (exit 0 "
+        "all serving as the catalog says, 1 unreachable or not serving, 3 drift)",
+        cmd_status,
+    )
+    hosts_flags(p, required=False)
+    recipes_flag(p)
+    p = command("logs", "a model's journal lines from every host, prefixed host and unit", cmd_logs)
+    _model_hosts(p)
+    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines (50)")
+    p.add_argument("-f", "--follow", action="store_true", help="then follow until Ctrl-C")
+    recipes_flag(p)
+    p = command("stop", "stop and remove a model's units (on this machine without -i)", cmd_stop)
+    _model_hosts(p)
     p.add_argument("--purge", action="store_true", help="also remove the model file")
+    dry_run_flag(p)
+    recipes_flag(p)
+    p = command(
+        "rollback",
+        "bring back each unit's previous version (kept by the last deploy that changed it), "
+        "health-gated",
+        cmd_rollback,
+    )
+    _model_hosts(p)
+    dry_run_flag(p)
+    recipes_flag(p)
+    p = command(
+        "prune",
+        "remove model files and engine images that no unit (current or kept for rollback) uses",
+        cmd_prune,
+    )
+    hosts_flags(p, required=False)
+    dry_run_flag(p)
     recipes_flag(p)

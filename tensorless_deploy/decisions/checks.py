@@ -451,8 +451,10 @@ def _disk_check(facts: HostFacts, recipe: Recipe, existing: Existing) -> list[Ch
             "disk.model",
             "fail",
             f"{seen}; the model needs {recipe.model.size_bytes / gib:.1f} GiB plus 1 GiB",
-            f"free {(need - d.available_bytes) / gib:.1f} GiB on {d.mount_point}, or point the "
-            "host's tensorless_models_dir at a larger filesystem",
+            f"free {(need - d.available_bytes) / gib:.1f} GiB on {d.mount_point}: "
+            "tensorless-deploy prune -i INVENTORY --limit HOST removes the model files and "
+            "images no unit uses (--dry-run lists them first); or point the host's "
+            "tensorless_models_dir at a larger filesystem",
         )
     ]
 

@@ -602,21 +602,30 @@ _LABEL_LINE = re.compile(r'(?:Label=|--label" ")"?(io\.tensorless\.[a-z-]+)=([^"
 
 
 def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
-    """Blocks of `@@unit NAME KIND`, `@@active`, unit file lines, `@@inspect JSON`, `@@health`."""
+    """Blocks of ``@@unit NAME KIND PATH``, ``@@active``, ``@@systemd NRESTARTS RESULT SUBSTATE``,
+    ``@@sha FILE [WRITTEN]``, ``@@prev SHA``, ``@@text LINE``..., ``@@inspect JSON``,
+    ``@@health CODE`` (facts/scripts/deployed-units.sh)."""
     units: list[DeployedUnit] = []
     cur: dict[str, Any] | None = None
+    lines: list[str] = []
+    prev: list[str] = []
+
+    def joined(rows: list[str]) -> str:
+        return "\n".join(rows) + "\n" if rows else ""
 
     def close() -> None:
         if cur is not None:
-            units.append(DeployedUnit(**cur))
+            units.append(DeployedUnit(**cur, text=joined(lines), previous_text=joined(prev)))
 
     for line in text.splitlines():
         if line.startswith("@@unit "):
             close()
-            _, name, kind = [*line.split(), "", ""][:3]
+            lines, prev = [], []
+            _, name, kind, path = [*line.split(" ", 3), "", "", ""][:4]
             cur = {
                 "name": name,
                 "kind": kind,
+                "path": path.strip(),
                 "active": "unknown",
                 "unit_labels": {},
                 "container_labels": {},
@@ -628,6 +637,26 @@ def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
             continue
         elif line.startswith("@@active "):
             cur["active"] = line.split(" ", 1)[1].strip() or "unknown"
+        elif line.startswith("@@systemd "):
+            parts = line.split()[1:]
+            if parts and parts[0].isdigit():
+                cur["restarts"] = int(parts[0])
+            if len(parts) > 1:
+                cur["result"] = parts[1]
+            if len(parts) > 2:
+                cur["sub_state"] = parts[2]
+        elif line.startswith("@@sha "):
+            parts = line.split()[1:]
+            cur["sha256"] = parts[0] if parts else None
+            cur["written_sha256"] = parts[1] if len(parts) > 1 else None
+        elif line.startswith("@@prev "):
+            cur["previous_sha256"] = line.split(" ", 1)[1].strip() or None
+        elif line.startswith("@@prevtext ") or line == "@@prevtext":
+            prev.append(line[11:])
+        elif line.startswith("@@text ") or line == "@@text":
+            lines.append(line[7:])
+            for m in _LABEL_LINE.finditer(line):
+                cur["unit_labels"][m.group(1)] = m.group(2)
         elif line.startswith("@@inspect "):
             fields = line.split(" ", 1)[1].split("\t")
             if len(fields) != 3:
@@ -645,8 +674,5 @@ def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
         elif line.startswith("@@health "):
             code = line.split(" ", 1)[1].strip()
             cur["health"] = int(code) if code.isdigit() else 0
-        else:
-            for m in _LABEL_LINE.finditer(line):
-                cur["unit_labels"][m.group(1)] = m.group(2)
     close()
     return tuple(units)

@@ -98,7 +98,8 @@ def engine_sections() -> tuple[Section, ...]:
         Section("podman", f"{_need('podman')}; podman --version"),
         Section("quadlet", f'for q in {quadlets}; do [ -x "$q" ] && echo "$q"; done; exit 0'),
         Section("docker", f"{_need('docker')}; docker --version"),
-        Section("engine-paths", "command -v podman docker; exit 0"),
+        # one name per `command -v`: dash prints only the first of several
+        Section("engine-paths", 'for e in podman docker; do command -v "$e"; done; exit 0'),
         Section(
             "docker-runtimes",
             f"{_need('docker')}; docker --version 2>&1 | grep -q 'podman version' && exit 3; "

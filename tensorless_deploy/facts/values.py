@@ -459,3 +459,17 @@ class DeployedUnit:
     image: str | None  # the image reference the container was created from
     image_id: str | None
     health: int  # HTTP status of /health on the labelled address (0: no answer)
+    path: str = ""  # the unit file
+    text: str = ""  # the unit file as it is on the host now
+    sha256: str | None = None  # of that file
+    written_sha256: str | None = None  # what this tool recorded when it wrote the file
+    previous_sha256: str | None = None  # the previous unit kept for rollback (None: none)
+    previous_text: str = ""  # that unit file
+    restarts: int | None = None  # systemd's NRestarts
+    result: str | None = None  # systemd's Result: success, exit-code, start-limit-hit...
+    sub_state: str | None = None  # systemd's SubState: running, auto-restart, failed...
+
+    @property
+    def edited(self) -> bool:
+        """The file differs from what this tool wrote (an edit by hand, or a half write)."""
+        return self.written_sha256 is not None and self.sha256 != self.written_sha256

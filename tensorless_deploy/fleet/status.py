@@ -8,14 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tensorless_deploy.decisions.options import Flags
-from tensorless_deploy.facts.values import LABEL_MODEL, DeployedUnit
+from tensorless_deploy.decisions.options import Flags, Options
+from tensorless_deploy.errors import UnknownModelError
+from tensorless_deploy.facts.values import LABEL_CARD, LABEL_MODEL, DeployedUnit, HostFacts
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
-from tensorless_deploy.fleet.deploy import HostResult, Outcome, StepResult, _meta_lines
+from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.hostplan.status import UnitStatus, unit_status
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
-from tensorless_deploy.launch.spec import unit_name
+from tensorless_deploy.launch.spec import slug, unit_model_slug, unit_name
 from tensorless_deploy.recipe.catalog import Catalog, Entry
 
 
@@ -26,48 +28,105 @@ class HostStatus:
     units: tuple[UnitStatus, ...] = ()
 
 
-def fleet_status(inventory: Any, hosts: Sequence[Any], catalog: Catalog) -> list[HostStatus]:
-    """What every host serves: read-only, in parallel."""
-    from tensorless_deploy.facts.pyinfra import DeployedUnits
+def host_status(
+    name: str, facts: HostFacts, units: Sequence[DeployedUnit], catalog: Catalog, options: Options
+) -> HostStatus:
+    """Every unit of this tool on one host against the host plan of its model (pure)."""
+    plans: dict[str, HostPlan | None] = {}
+    out = []
+    for u in units:
+        model = u.unit_labels.get(LABEL_MODEL)
+        if model is None:
+            out.append(unit_status(u, None, False))
+            continue
+        key = model.casefold()
+        if key not in plans:
+            try:
+                plans[key] = plan_host(name, facts, catalog.find(model), options)
+            except UnknownModelError:
+                plans[key] = None
+        out.append(unit_status(u, plans[key], plans[key] is not None))
+    return HostStatus(name, None, tuple(out))
+
+
+def fleet_status(
+    inventory: Any, hosts: Sequence[Any], catalog: Catalog, flags: Flags | None = None
+) -> list[HostStatus]:
+    """What every host serves, and how it drifted from the catalog: read-only, in parallel,
+    two round trips per host (the survey the host plan needs, and the units with their files)."""
+    from tensorless_deploy.facts.pyinfra import DeployedUnits, HostSurvey
 
     state = new_state(inventory)
-    results = on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits))
+    options = {h.name: options_for(h, flags or Flags()) for h in hosts}
+
+    def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
+        facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
+        return facts, h.get_fact(DeployedUnits)
+
+    results = on_each_host(state, hosts, read)
     out = []
     for host, r in zip(hosts, results, strict=True):
         if isinstance(r, str):
             out.append(HostStatus(host.name, r))
         else:
-            out.append(HostStatus(host.name, None, tuple(unit_status(u, catalog) for u in r)))
+            out.append(host_status(host.name, r[0], r[1], catalog, options[host.name]))
     return out
 
 
 def serving_digests(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, model: str
 ) -> dict[str, str | None]:
-    """Which recipe digest each host's unit for MODEL serves now (None: none, or unreachable)."""
-    names = {unit_name(e.recipe) for e in catalog.find(model)}
+    """Which recipe digest each host's first unit of MODEL serves now (None: none healthy, or
+    the host unreachable): after a roll, which hosts run the new recipe."""
+    entries = catalog.find(model)
     out: dict[str, str | None] = {}
     for h in fleet_status(inventory, hosts, catalog):
-        unit = next((u for u in h.units if u.unit in names), None)
-        out[h.host] = unit.recipe_digest if unit is not None and unit.healthy else None
+        units = [
+            u
+            for u in h.units
+            if u.model
+            and u.model.casefold() in {e.recipe.model.hf_repo.casefold() for e in entries}
+        ]
+        unit = next((u for u in units if u.healthy), None)
+        out[h.host] = unit.recipe_digest if unit is not None else None
     return out
 
 
-def model_units(units: Sequence[DeployedUnit], entries: Sequence[Entry]) -> list[DeployedUnit]:
+def model_units(
+    units: Sequence[DeployedUnit], entries: Sequence[Entry], model: str | None = None
+) -> list[DeployedUnit]:
     """The units of a model on a host, every card's and every instance's: by the model label
-    the unit carries, or by name (base, base-1, ...) for a unit without labels."""
+    the unit carries (the catalog's repo id, or MODEL as typed when the catalog lacks it), or by
+    name (base, base-1, ...) for a unit without labels."""
     repos = {e.recipe.model.hf_repo.casefold() for e in entries}
-    names = re.compile("|".join(re.escape(unit_name(e.recipe)) + r"(-[0-9]+)?" for e in entries))
+    if model is not None:
+        repos.add(model.casefold())
+    bases = [re.escape(unit_name(e.recipe)) + r"(-[0-9]+)?" for e in entries]
+    names = re.compile("|".join(bases)) if bases else None
+    typed = slug(model) if model is not None else None
+
+    def by_name(u: DeployedUnit) -> bool:
+        if names is not None and names.fullmatch(u.name):
+            return True
+        card = u.unit_labels.get(LABEL_CARD)
+        return typed is not None and card is not None and unit_model_slug(u.name, card) == typed
+
     return [
-        u
-        for u in units
-        if u.unit_labels.get(LABEL_MODEL, "").casefold() in repos or names.fullmatch(u.name)
+        u for u in units if u.unit_labels.get(LABEL_MODEL, "").casefold() in repos or by_name(u)
     ]
 
 
 def unit_paths(name: str) -> tuple[str, str]:
     """Where a unit of this tool may be: quadlet first, then the plain .service."""
     return (f"{QUADLET_DIR}/{name}.container", f"{SYSTEMD_DIR}/{name}.service")
+
+
+def read_units(state: Any, hosts: Sequence[Any]) -> dict[str, tuple[DeployedUnit, ...] | str]:
+    """Every host's units of this tool (or why they could not be read); connections stay open."""
+    from tensorless_deploy.facts.pyinfra import DeployedUnits
+
+    found = on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True)
+    return dict(zip([h.name for h in hosts], found, strict=True))
 
 
 def stop(
@@ -77,91 +136,119 @@ def stop(
     model: str,
     purge: bool,
     flags: Flags | None = None,
+    *,
+    dry: bool = False,
 ) -> list[HostResult]:
-    """Stop and remove the model's units on every host (every card's, every instance's);
-    --purge: its model file too."""
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.operation import add_op
-    from pyinfra.api.operations import run_ops
-    from pyinfra.api.state import StateStage
-
-    from tensorless_deploy.facts.pyinfra import DeployedUnits
+    """Stop and remove the model's units on every host (every card's, every instance's): found
+    on the host by their model label, so a unit whose recipe left the catalog goes too; with
+    purge, the model files of the catalog's recipes for it as well."""
+    from tensorless_deploy.fleet.apply import Step, apply_steps
     from tensorless_deploy.operations.unit import removed
 
-    entries = catalog.find(model)
+    entries = catalog.find(model) if purge else catalog.find_or_none(model)
     state = new_state(inventory)
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
-    found = dict(
-        zip(
-            [h.name for h in hosts],
-            on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True),
-            strict=True,
-        )
-    )
+    found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
-    metas: dict[str, list[Any]] = {h.name: [] for h in live}
-    try:
-        state.set_stage(StateStage.Prepare)
-        for h in live:
-            units = found[h.name]
-            assert not isinstance(units, str)
-            bases = {unit_name(e.recipe) for e in entries}
-            for u in model_units(units, entries):
-                if u.name in bases:
-                    continue  # with its recipe below (and its model file when purging)
-                res = add_op(
-                    state,
-                    removed,
-                    name=f"remove {u.name}",
-                    host=h,
-                    service=u.name,
-                    paths=unit_paths(u.name),
-                )
-                metas[h.name].append(res[h])
+    steps: dict[str, list[Step]] = {}
+    for h in live:
+        units = found[h.name]
+        assert not isinstance(units, str)
+        mine = model_units(units, entries, model)
+        todo = [
+            Step(f"remove {u.name}", removed, dict(service=u.name, paths=unit_paths(u.name)))
+            for u in mine
+        ]
+        if purge:
             for e in entries:
-                name = unit_name(e.recipe)
                 m = e.recipe.model
-                model_args: dict[str, Any] = (
-                    dict(
-                        models_dir=options[h.name].models_dir,
-                        repo=m.hf_repo,
-                        revision=m.revision,
-                        filename=m.file,
-                        sha256=m.sha256,
+                todo.append(
+                    Step(
+                        f"purge {m.file}",
+                        removed,
+                        dict(
+                            service=unit_name(e.recipe),
+                            paths=unit_paths(unit_name(e.recipe)),
+                            models_dir=options[h.name].models_dir,
+                            repo=m.hf_repo,
+                            revision=m.revision,
+                            filename=m.file,
+                            sha256=m.sha256,
+                        ),
                     )
-                    if purge
-                    else {}
                 )
-                res = add_op(
-                    state,
-                    removed,
-                    name=f"remove {name}",
-                    host=h,
-                    service=name,
-                    paths=unit_paths(name),
-                    **model_args,
-                )
-                metas[h.name].append(res[h])
-        state.set_stage(StateStage.Execute)
-        try:
-            run_ops(state)
-        except PyinfraError as exc:
-            if "No hosts remaining" not in str(exc):
-                raise
+        steps[h.name] = todo
+    try:
+        done = apply_steps(state, live, steps, dry=dry, nothing=f"{model} is not deployed here")
     finally:
         disconnect(hosts)
-    results = []
-    for h in hosts:
-        err = found[h.name]
-        if isinstance(err, str):
-            results.append(HostResult(h.name, "failed", err))
+    return [
+        done[h.name] if h.name in done else HostResult(h.name, "failed", str(found[h.name]))
+        for h in hosts
+    ]
+
+
+def rollback(
+    inventory: Any,
+    hosts: Sequence[Any],
+    catalog: Catalog,
+    model: str,
+    *,
+    dry: bool = False,
+) -> list[HostResult]:
+    """Bring back, on every host, the previous unit kept for each of the model's units,
+    health-gated; a unit with no previous one kept fails that host (nothing to go back to)."""
+    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.operations.unit import rolled_back
+
+    entries = catalog.find_or_none(model)
+    state = new_state(inventory)
+    found = read_units(state, hosts)
+    live = [h for h in hosts if not isinstance(found[h.name], str)]
+    steps: dict[str, list[Step]] = {}
+    refused: dict[str, HostResult] = {}
+    for h in live:
+        units = found[h.name]
+        assert not isinstance(units, str)
+        mine = model_units(units, entries, model)
+        none = [u.name for u in mine if u.previous_sha256 is None]
+        if not mine or none:
+            why = (
+                f"no previous unit is kept for {', '.join(none)}"
+                if none
+                else f"{model} is not deployed here"
+            )
+            refused[h.name] = HostResult(h.name, "failed", why)
             continue
-        ms = metas[h.name]
-        failed = [m for m in ms if m.is_complete() and m.did_error()]
-        changed = any(m.is_complete() and m.executed and m.did_change() for m in ms)
-        lines = tuple(line for m in ms if m.is_complete() for line in _meta_lines(m))
-        outcome: Outcome = "failed" if failed else ("changed" if changed else "unchanged")
-        results.append(
-            HostResult(h.name, outcome, None, steps=(StepResult("stop", outcome, lines),))
-        )
-    return results
+        steps[h.name] = [
+            Step(
+                f"rollback {u.name}",
+                rolled_back,
+                dict(path=u.path, timeout_s=start_timeout(u.previous_text)),
+            )
+            for u in mine
+        ]
+    try:
+        ready = [h for h in live if h.name in steps]
+        done = apply_steps(state, ready, steps, dry=dry)
+    finally:
+        disconnect(hosts)
+    out = []
+    for h in hosts:
+        if h.name in refused:
+            out.append(refused[h.name])
+        elif h.name in done:
+            out.append(done[h.name])
+        else:
+            out.append(HostResult(h.name, "failed", str(found[h.name])))
+    return out
+
+
+def start_timeout(text: str, default: int = 300) -> int:
+    """A unit's TimeoutStartSec (what a deploy gave its model to load)."""
+    for line in text.splitlines():
+        if line.startswith("TimeoutStartSec="):
+            value = line.split("=", 1)[1].strip().removesuffix("s")
+            if value.isdigit():
+                return int(value)
+    return default

@@ -1,14 +1,28 @@
-"""status: what each host serves, healthy or not, tuned or not, drift from the catalog (pure)."""
+"""status: what each unit on a host serves, healthy or not, tuned or not, and how it drifted,
+field by field, from what the host plan renders for the catalog's recipe now (pure)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from tensorless_deploy.decisions.options import DEFAULT_BIND, address
-from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.facts.values import LABEL_PREFIX, DeployedUnit
-from tensorless_deploy.recipe.catalog import Catalog
+from tensorless_deploy.facts.values import (
+    LABEL_BIND,
+    LABEL_CARD,
+    LABEL_MODEL,
+    LABEL_PORT,
+    LABEL_RECIPE_DIGEST,
+    LABEL_TUNED,
+    DeployedUnit,
+)
+from tensorless_deploy.hostplan.plan import HostPlan
+from tensorless_deploy.launch.read import FieldDrift, drift, read_unit
+
+State = Literal["serving", "loading", "unhealthy", "crash loop", "failed", "stopped"]
+# status's exit codes (docs/commands.md): the worst host decides
+EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 3
 
 
 @dataclass(frozen=True)
@@ -19,11 +33,14 @@ class UnitStatus:
     card: str | None
     address: str | None
     active: str
+    state: State
     healthy: bool
     tuned: bool | None
     recipe_digest: str | None  # what the running container was started from
     image: str | None
-    drift: tuple[str, ...]
+    drift: tuple[FieldDrift, ...]
+    restarts: int | None = None
+    rollback: bool = False  # a previous unit is kept: `rollback` can bring it back
 
     def json(self) -> dict[str, Any]:
         return {
@@ -33,44 +50,84 @@ class UnitStatus:
             "card": self.card,
             "address": self.address,
             "active": self.active,
+            "state": self.state,
             "healthy": self.healthy,
             "tuned": self.tuned,
             "recipe_digest": self.recipe_digest,
             "image": self.image,
-            "drift": list(self.drift),
+            "restarts": self.restarts,
+            "rollback_available": self.rollback,
+            "drift": [
+                {"field": d.field, "deployed": d.deployed, "wanted": d.wanted} for d in self.drift
+            ],
         }
 
 
-def _label(labels: dict[str, str], key: str) -> str | None:
-    return labels.get(f"{LABEL_PREFIX}.{key}")
+def _state(u: DeployedUnit) -> State:
+    if u.health == 200:
+        return "serving"
+    if u.result == "start-limit-hit":
+        return "crash loop"
+    if u.active == "failed":
+        return "failed"
+    if u.active in ("inactive", "unknown") and u.sub_state in (None, "dead"):
+        return "stopped"
+    if u.health == 503 or u.active == "activating":
+        return "loading"
+    return "unhealthy"
 
 
-def unit_status(u: DeployedUnit, catalog: Catalog) -> UnitStatus:
+def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> UnitStatus:
+    """One unit against the host plan of its model (None: its model is not in the catalog,
+    or it carries no model label)."""
     labels = u.container_labels or u.unit_labels
-    model, card = _label(u.unit_labels, "model"), _label(u.unit_labels, "card")
-    bind, port = _label(labels, "bind"), _label(labels, "port")
-    running = _label(u.container_labels, "recipe-digest")
-    written = _label(u.unit_labels, "recipe-digest")
-    tuned = _label(labels, "tuned")
-    drift = []
+    model, card = u.unit_labels.get(LABEL_MODEL), u.unit_labels.get(LABEL_CARD)
+    port = labels.get(LABEL_PORT, "")
+    where = address(labels.get(LABEL_BIND) or DEFAULT_BIND, int(port)) if port.isdigit() else None
+    running = u.container_labels.get(LABEL_RECIPE_DIGEST)
+    written = u.unit_labels.get(LABEL_RECIPE_DIGEST)
+    tuned = labels.get(LABEL_TUNED)
+    found: list[FieldDrift] = []
+    if u.edited:
+        found.append(
+            FieldDrift(
+                "unit",
+                f"edited on the host (sha256 {str(u.sha256)[:12]})",
+                f"as tensorless-deploy wrote it (sha256 {str(u.written_sha256)[:12]})",
+            )
+        )
     if running and written and running != written:
-        drift.append("the unit file changed since the container started (restart pending)")
-    entry = None
-    if model and card:
-        try:
-            entry = catalog.card(model, card)
-        except TensorlessError:  # an unknown model or card is drift, reported below
-            entry = None
-    if model and card and entry is None:
-        drift.append(f"no recipe for {model} on {card} in the catalog any more")
-    elif entry is not None:
-        if (running or written) != entry.digest:
-            drift.append(f"the catalog's recipe changed since deploy (now {entry.digest[:19]}...)")
-        if u.image and u.image != entry.recipe.engine.image:
-            drift.append(f"the container runs {u.image}, not the recipe's image")
+        found.append(
+            FieldDrift(
+                "container",
+                f"started from {running[:19]}",
+                f"unit file says {written[:19]}: restart pending",
+            )
+        )
     if u.container_labels == {} and u.active == "active":
-        drift.append("the service is active but no container was found")
-    where = address(bind or DEFAULT_BIND, int(port)) if port and port.isdigit() else None
+        found.append(FieldDrift("container", "none found", "the service is active"))
+    if plan is None:
+        if model and not in_catalog:
+            found.append(FieldDrift("recipe", f"{model} on {card}", "not in the catalog"))
+    else:
+        inst = next((i for i in plan.instances if i.name == u.name), None)
+        if plan.recipe is None or inst is None or inst.unit is None:
+            why = plan.why() if not plan.ok else "not one of the plan's instances"
+            found.append(FieldDrift("instance", "deployed", f"not planned now: {why}"))
+        else:
+            wanted = inst.unit
+            if wanted.content != u.text:
+                fields = drift(
+                    read_unit(u.path, u.text),
+                    read_unit(wanted.path, wanted.content),
+                    u.text,
+                    wanted.content,
+                )
+                # an edit by hand is already said; the fields say what it changed
+                found += [d for d in fields if not (u.edited and d.field == "unit")]
+            if u.image and u.image != plan.recipe.engine.image:
+                found.append(FieldDrift("image", u.image, plan.recipe.engine.image))
+    state = _state(u)
     return UnitStatus(
         unit=u.name,
         kind=u.kind,
@@ -78,9 +135,33 @@ def unit_status(u: DeployedUnit, catalog: Catalog) -> UnitStatus:
         card=card,
         address=where,
         active=u.active,
-        healthy=u.health == 200,
+        state=state,
+        healthy=state == "serving",
         tuned=None if tuned is None else tuned == "true",
         recipe_digest=running or written,
         image=u.image,
-        drift=tuple(drift),
+        drift=_dedupe(found),
+        restarts=u.restarts,
+        rollback=u.previous_sha256 is not None,
     )
+
+
+def _dedupe(items: Sequence[FieldDrift]) -> tuple[FieldDrift, ...]:
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for d in items:
+        key = (d.field, d.deployed, d.wanted)
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return tuple(out)
+
+
+def exit_code(unreachable: bool, units: Sequence[UnitStatus]) -> int:
+    """0: everything serves as the catalog says; 1: a host unreachable or a unit not serving;
+    3: all serving, something drifted."""
+    if unreachable or any(not u.healthy for u in units):
+        return EXIT_UNHEALTHY
+    if any(u.drift for u in units):
+        return EXIT_DRIFT
+    return EXIT_OK

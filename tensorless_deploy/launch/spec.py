@@ -39,11 +39,27 @@ HEALTH_RETRIES = 3
 HEALTH_STARTUP_INTERVAL_S = 1  # while loading, with Notify=healthy (podman 5)
 
 
+UNIT_PREFIX = "tensorless-"
+
+
+def slug(text: str) -> str:
+    """A name part of a unit: lowercase letters and digits, runs of anything else one dash."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
 def unit_name(recipe: Recipe) -> str:
     """The systemd service and container name: tensorless-<short name or repo>-<card>."""
     stem = recipe.model.name or recipe.model.hf_repo
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{stem}-{recipe.card.id}".lower()).strip("-")
-    return f"tensorless-{slug}"
+    return UNIT_PREFIX + slug(f"{stem}-{recipe.card.id}")
+
+
+def unit_model_slug(name: str, card: str) -> str | None:
+    """The model part of a unit's name (its short name or repo id, slugged), given its card
+    label; None when the name is not one unit_name makes (instances add -1, -2...)."""
+    m = re.fullmatch(
+        re.escape(UNIT_PREFIX) + r"(.+)-" + re.escape(slug(card)) + r"(-[0-9]+)?", name
+    )
+    return m.group(1) if m else None
 
 
 def start_timeout_s(recipe: Recipe) -> int:

@@ -177,4 +177,5 @@ def serve(
         raise OperationError(
             f"{host.name}: {plan.entry.path if plan.entry else model}: {plan.why()}"
         )
-    serve_plan(plan=plan, token=token)
+    # the inner function: one deploy name on every step, not serve's and serve_plan's joined
+    serve_plan._inner(plan=plan, token=token)

@@ -61,7 +61,7 @@ def unit(path: str, content: str, quadlet_bin: str | None = None) -> Commands:
     yield FileUploadCommand(StringIO(content), new)
     if _kind(path) == "quadlet" and quadlet_bin:
         yield script("unit-check-quadlet", new=new, name=name, quadlet=quadlet_bin)
-    yield script("unit-install", path=path, new=new)
+    yield script("unit-install", path=path, new=new, sha=want)
 
 
 @operation()
@@ -172,7 +172,9 @@ def removed(
         if model
         else None
     )
-    if not present and (blob is None or (not blob.exists and blob.link is None)):
+    if not present and (
+        blob is None or (not blob.exists and blob.link is None and blob.stamp is None)
+    ):
         host.noop(f"{service} is not deployed here")
         return
     purge = (
@@ -195,3 +197,37 @@ def removed(
             purge="yes" if model else "no",
             **purge,
         )
+
+
+@operation()
+def rolled_back(path: str, timeout_s: int) -> Commands:
+    """
+    Bring back the previous unit kept beside the current one, health-gated like a deploy.
+
+    Each deploy that changes a unit keeps the one it replaced; the current unit is kept in its
+    place, so a second rollback returns to it; a previous unit that does not become healthy
+    gives way to the current one again and the operation fails. Not idempotent: every call
+    swaps.
+
+    + path: the unit file (its service is NAME.service)
+    + timeout_s: how long the start and the load may take
+
+    **Example:**
+
+    .. code:: python
+
+        from tensorless_deploy.operations import unit
+
+        unit.rolled_back(
+            name="rollback",
+            path="/etc/containers/systemd/tensorless-pn3-p100.container",
+            timeout_s=379,
+        )
+    """
+    yield script(
+        "unit-rollback",
+        path=path,
+        svc=service_name(path),
+        kind=_kind(path),
+        timeout=timeout_s,
+    )

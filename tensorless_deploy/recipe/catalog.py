@@ -67,6 +67,14 @@ class Catalog:
             raise UnknownModelError(model, closest(key, names))
         return hits
 
+    def find_or_none(self, model: str) -> list[Entry]:
+        """find, or no entries when the catalog does not know MODEL (what is deployed on a
+        host can still be found there by its label)."""
+        try:
+            return self.find(model)
+        except UnknownModelError:
+            return []
+
     def card(self, model: str, card_id: str) -> Entry:
         """MODEL's recipe for one card; an unknown card names the cards there are."""
         hits = self.find(model)

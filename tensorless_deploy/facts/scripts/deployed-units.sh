@@ -1,14 +1,23 @@
 #!/bin/sh
-# Every unit tensorless-deploy wrote on this host and what runs from it, for status and bench
-# (read by facts.deployed.parse_deployed_units): per unit its kind, systemd state, the labels the
-# file carries, the running container's labels and image, and /health at the labelled URL.
+# Every unit tensorless-deploy wrote on this host and what runs from it, for status, stop, logs,
+# bench, rollback and prune (read by facts.parsers.parse_deployed_units). Per unit: its kind and
+# path, systemd's view of it, the file's sha256 and the one this tool recorded when it wrote it,
+# whether a previous unit is kept (rollback), the file itself (one @@text line per line), the
+# running container's labels and image, and /health at the labelled URL.
+hashit() { (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d' ' -f1; }
 for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tensorless-*.service; do
   [ -f "$f" ] || continue
   b=$(basename "$f"); n=${b%.*}
   case "$f" in *.container) k=quadlet;; *) k=service;; esac
-  echo "@@unit $n $k"
+  echo "@@unit $n $k $f"
   echo "@@active $(systemctl is-active "$n.service" 2>/dev/null)"
-  grep -o 'io\.tensorless\.[a-z-]*=[^" ]*' "$f" | sed 's/^/Label=/'
+  echo "@@systemd $(systemctl show -p NRestarts -p Result -p SubState --value "$n.service" 2>/dev/null | tr '\n' ' ')"
+  echo "@@sha $(hashit "$f") $(cat "$f.tensorless-sha" 2>/dev/null)"
+  if [ -f "$f.tensorless-prev" ]; then
+    echo "@@prev $(hashit "$f.tensorless-prev")"
+    sed 's/^/@@prevtext /' "$f.tensorless-prev"
+  fi
+  sed 's/^/@@text /' "$f"
   # only the fields status needs: labels, image reference, image id (one line, tab-separated)
   if command -v podman >/dev/null 2>&1; then
     eng=podman; fmt='{{json .Config.Labels}}	{{.ImageName}}	{{.Image}}'

@@ -23,7 +23,7 @@ systemctl daemon-reload
 # Blocking: the old instance is gone before the first poll (with Notify=healthy, the start
 # job itself waits for the container's health check).
 if timeout "$timeout" systemctl "$verb" "$svc" 2>/dev/null && poll "$timeout"; then
-  rm -f "$path.tensorless-prev"
+  # the previous unit stays as $path.tensorless-prev: `rollback` brings it back
   echo "$svc healthy after $(( $(date +%s) - t0 )) s at $url"
   exit 0
 fi
@@ -35,6 +35,7 @@ if [ "$verb" = start ]; then
 fi
 if [ -f "$path.tensorless-prev" ]; then
   mv -f "$path.tensorless-prev" "$path"
+  if [ -f "$path.tensorless-prev-sha" ]; then mv -f "$path.tensorless-prev-sha" "$path.tensorless-sha"; fi
   systemctl daemon-reload
   timeout "$timeout" systemctl restart "$svc" 2>/dev/null
   if poll "$timeout"; then
@@ -45,7 +46,7 @@ if [ -f "$path.tensorless-prev" ]; then
 else
   systemctl stop "$svc" 2>/dev/null
   [ "$kind" = service ] && systemctl disable -q "$svc" 2>/dev/null
-  rm -f "$path"
+  rm -f "$path" "$path.tensorless-sha"
   systemctl daemon-reload
   echo "removed the new unit: nothing served here before it" >&2
 fi

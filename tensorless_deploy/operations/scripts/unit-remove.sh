@@ -5,7 +5,7 @@
 if [ -f "$path" ]; then
   timeout 60 systemctl stop "$svc" 2>/dev/null
   [ "$kind" = service ] && systemctl disable -q "$svc" 2>/dev/null
-  rm -f "$path" "$path.tensorless-prev"
+  rm -f "$path" "$path.tensorless-prev" "$path.tensorless-sha" "$path.tensorless-prev-sha"
   systemctl daemon-reload
   systemctl reset-failed "$svc" 2>/dev/null
   echo "stopped $svc and removed $path"

@@ -1,0 +1,86 @@
+"""logs: a model's units' journal from every host, each line prefixed with its host and unit,
+through the same SSH connections pyinfra holds; --follow streams them all at once."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tensorless_deploy.fleet.connect import disconnect, new_state
+from tensorless_deploy.fleet.status import model_units, read_units
+from tensorless_deploy.recipe.catalog import Catalog
+
+Line = Callable[[str, str, str], None]  # (host, unit, line)
+
+
+def journal_command(units: Sequence[str], lines: int, follow: bool) -> str:
+    args = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines)]
+    for u in units:
+        args += ["-u", f"{u}.service"]
+    if follow:
+        args.append("-f")
+    return shlex.join(args)
+
+
+def _stream(host: Any, command: str, unit: str, emit: Line) -> None:
+    """Run command on the host's own SSH connection and hand over each line as it arrives."""
+    transport = host.connector.client.get_transport()
+    channel = transport.open_session()
+    channel.exec_command(command)
+    buf = b""
+    try:
+        while True:
+            chunk = channel.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            *whole, buf = buf.split(b"\n")
+            for raw in whole:
+                if raw.strip():  # llama-server's blank journal entries say nothing
+                    emit(host.name, unit, raw.decode("utf-8", "replace").rstrip("\r"))
+        if buf.strip():
+            emit(host.name, unit, buf.decode("utf-8", "replace").rstrip("\r"))
+    finally:
+        channel.close()
+
+
+def logs(
+    inventory: Any,
+    hosts: Sequence[Any],
+    catalog: Catalog,
+    model: str,
+    emit: Line,
+    *,
+    lines: int = 50,
+    follow: bool = False,
+) -> dict[str, str]:
+    """The last `lines` journal lines of each of MODEL's units on every host (then, with follow,
+    everything new until interrupted). Returns the hosts that could not be read, with why."""
+    import gevent
+
+    entries = catalog.find_or_none(model)
+    state = new_state(inventory)
+    found = read_units(state, hosts)
+    errors: dict[str, str] = {}
+    jobs = []
+    try:
+        for h in hosts:
+            units = found[h.name]
+            if isinstance(units, str):
+                errors[h.name] = units
+                continue
+            mine = model_units(units, entries, model)
+            if not mine:
+                errors[h.name] = f"{model} is not deployed here"
+                continue
+            for u in mine:  # one stream per unit, so every line names its instance
+                cmd = journal_command([u.name], lines, follow)
+                jobs.append((h.name, u.name, gevent.spawn(_stream, h, cmd, u.name, emit)))
+        gevent.joinall([j for _, _, j in jobs])
+        for host, unit, j in jobs:
+            if j.exception is not None:
+                errors[host] = f"{unit}: reading the journal failed: {j.exception}"
+    finally:
+        disconnect(hosts)
+    return errors

@@ -1,0 +1,43 @@
+#!/bin/sh
+# Bring back the previous unit kept beside the current one, health-gated like a deploy: the
+# current unit becomes the kept one, so a second rollback returns to it. When the previous unit
+# does not become healthy, the current one is put back and restarted.
+: "${path:?}" "${svc:?}" "${kind:?}" "${timeout:?}"
+prev="$path.tensorless-prev"
+if [ ! -f "$prev" ]; then
+  echo "no previous unit is kept for $svc: nothing to roll back to" >&2
+  exit 1
+fi
+url=$(grep -o 'io\.tensorless\.health=[^" ]*' "$prev" | head -n 1 | cut -d= -f2-)
+swap() {  # current <-> kept, with the sha256 each was written with
+  mv -f "$path" "$path.tensorless-swap"
+  mv -f "$prev" "$path"
+  mv -f "$path.tensorless-swap" "$prev"
+  if [ -f "$path.tensorless-sha" ]; then mv -f "$path.tensorless-sha" "$path.tensorless-sha-swap"; fi
+  if [ -f "$path.tensorless-prev-sha" ]; then mv -f "$path.tensorless-prev-sha" "$path.tensorless-sha"; fi
+  if [ -f "$path.tensorless-sha-swap" ]; then mv -f "$path.tensorless-sha-swap" "$path.tensorless-prev-sha"; fi
+}
+healthy() {
+  deadline=$(( $(date +%s) + timeout ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$1" 2>/dev/null)" = 200 ] && return 0
+    [ "$(systemctl is-active "$svc" 2>/dev/null)" = failed ] && return 1
+    sleep 1
+  done
+  return 1
+}
+t0=$(date +%s)
+swap
+systemctl daemon-reload
+[ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
+if timeout "$timeout" systemctl restart "$svc" 2>/dev/null && healthy "$url"; then
+  echo "$svc rolled back: the previous unit is healthy after $(( $(date +%s) - t0 )) s at $url"
+  exit 0
+fi
+echo "the previous unit of $svc did not become healthy within $timeout s; last journal lines:" >&2
+journalctl -u "$svc" -n 20 --no-pager -o cat 2>&1 | sed 's/^/  | /' >&2
+swap
+systemctl daemon-reload
+timeout "$timeout" systemctl restart "$svc" 2>/dev/null
+echo "put the current unit back and restarted it" >&2
+exit 1

@@ -1,0 +1,207 @@
+"""The operator's day two on real test hosts: status names what drifted and exits by it (also
+for a unit edited by hand, and without the catalog that deployed it), logs shows llama-server's
+own start lines per host and unit, rollback brings the previous recipe's unit back and it
+serves, prune lists exactly what no unit uses and removes it while the model keeps serving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
+from tests.hosts.harness import Host
+from tests.hosts.hf_server import HFServer
+from tests.hosts.plugin import TINY_COMMIT, SshRunner
+from tests.recipe_tools import write_recipe
+
+pytestmark = pytest.mark.hosts
+
+UNIT = "tensorless-tiny-p100"
+QUADLET = f"/etc/containers/systemd/{UNIT}.container"
+MODELS = "/var/lib/tensorless/models"
+
+
+class Day2:
+    def __init__(self, tmp: Path, hosts_json: dict[str, Any], host: Host, hf: HFServer) -> None:
+        self.tmp, self.hosts_json, self.host, self.hf = tmp, hosts_json, host, hf
+        self.catalog = tmp / "recipes"
+        self.inventory = write_inventory(tmp / "inventory.py", [host])
+        self.env = {"HF_ENDPOINT": hf.url, "NO_COLOR": "1"}
+        self.write()
+
+    def write(self, **run: Any) -> dict[str, Any]:
+        recipe = tiny_recipe(self.hosts_json, TINY_COMMIT, **run)
+        write_catalog(self.catalog, recipe)
+        return recipe
+
+    def cli(self, *args: str, recipes: bool = True, code: int | None = 0) -> tuple[int, Any]:
+        argv = [*args, "-i", str(self.inventory)]
+        if recipes:
+            argv += ["--recipes", str(self.catalog)]
+        proc = cli(*argv, "--json", env=self.env, timeout=600)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if code is not None:
+            assert proc.returncode == code, (args, proc.stdout, proc.stderr)
+        return proc.returncode, json.loads(proc.stdout) if proc.stdout.startswith("{") else None
+
+    def units(self, code: int = 0, recipes: bool = True) -> list[dict[str, Any]]:
+        _, doc = self.cli("status", recipes=recipes, code=code)
+        assert doc["exit_code"] == code
+        units: list[dict[str, Any]] = doc["hosts"][0]["units"]
+        return units
+
+
+@pytest.fixture
+def day2(tmp_path: Path, hosts_json: dict[str, Any], gpu_hosts: list[Host], hf: HFServer) -> Day2:
+    return Day2(tmp_path, hosts_json, gpu_hosts[0], hf)
+
+
+def _complete(ssh: SshRunner, host: str) -> dict[str, Any]:
+    body = json.dumps({"prompt": "hello", "max_tokens": 4, "temperature": 0})
+    out = ssh(host, f"curl -fsS -d '{body}' http://127.0.0.1:8080/v1/completions").stdout
+    answer: dict[str, Any] = json.loads(out)
+    return answer
+
+
+def test_status_drift_by_field_edit_by_hand_and_without_the_catalog(
+    day2: Day2, ssh: SshRunner
+) -> None:
+    day2.cli("deploy", "tiny")
+    (u,) = day2.units()
+    assert u["state"] == "serving" and u["drift"] == []
+    # the catalog's recipe changes: the fields that differ, exit 3, until a deploy converges
+    day2.write(
+        args=["-np", "1", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-b", "256"],
+        env={"LLAMA_LOG_COLORS": "off", "LLAMA_ARG_N_GPU_LAYERS": "99"},
+    )
+    (u,) = day2.units(code=3)
+    fields = {d["field"]: d for d in u["drift"]}
+    assert set(fields) == {"args", "env"}, u["drift"]
+    assert "-b 256" in fields["args"]["wanted"] and "-b 256" not in fields["args"]["deployed"]
+    assert "LLAMA_ARG_N_GPU_LAYERS=99" in fields["env"]["wanted"]
+    day2.cli("deploy", "tiny")
+    (u,) = day2.units()
+    assert u["drift"] == [] and u["rollback_available"] is True
+    # an edit by hand, daemon-reload, no restart: reported, and what it changed
+    ssh(
+        day2.host.name,
+        f'sed -i \'s/"-c" "4096"/"-c" "2048"/\' {QUADLET} && systemctl daemon-reload',
+    )
+    (u,) = day2.units(code=3)
+    fields = {d["field"]: d for d in u["drift"]}
+    assert fields["unit"]["deployed"].startswith("edited on the host"), u["drift"]
+    assert (fields["context"]["deployed"], fields["context"]["wanted"]) == ("2048", "4096")
+    # without the catalog that made it: still found, still reported (the recipe is unknown)
+    (u,) = day2.units(code=3, recipes=False)
+    assert u["unit"] == UNIT and u["model"] == TINY_REPO and u["healthy"]
+    assert {d["field"] for d in u["drift"]} >= {"recipe", "unit"}
+    # down: exit 1
+    ssh(day2.host.name, f"systemctl stop {UNIT}.service")
+    (u,) = day2.units(code=1)
+    assert u["state"] == "stopped" and not u["healthy"]
+    # stop without the catalog removes what is there
+    day2.cli("stop", "tiny", recipes=False)
+    assert day2.units() == []
+
+
+def test_logs_show_llama_server_start_lines_per_host_and_unit(day2: Day2) -> None:
+    day2.cli("deploy", "tiny")
+    proc = cli(
+        "logs",
+        "tiny",
+        "-i",
+        str(day2.inventory),
+        "--recipes",
+        str(day2.catalog),
+        "-n",
+        "200",
+        env=day2.env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines and all(line.startswith(f"{day2.host.name} {UNIT}: ") for line in lines)
+    text = "\n".join(lines)
+    assert "listening on http://127.0.0.1:8080" in text, text[-2000:]
+    assert "model loaded" in text and f"{day2.host.name} {UNIT}: \n" not in proc.stdout
+    nothing = cli("logs", "nosuch", "-i", str(day2.inventory), env=day2.env)
+    assert nothing.returncode == 1 and "is not deployed here" in nothing.stderr
+
+
+def test_rollback_brings_the_previous_recipe_back_and_it_serves(day2: Day2, ssh: SshRunner) -> None:
+    _, first = day2.cli("deploy", "tiny")
+    old = first["hosts"][0]["recipe_digest"]
+    _, none = day2.cli("rollback", "tiny", code=1)
+    assert "no previous unit is kept" in none["hosts"][0]["reason"]
+    day2.write(context=2048)
+    _, second = day2.cli("deploy", "tiny")
+    new = second["hosts"][0]["recipe_digest"]
+    assert new != old
+    _, dry = day2.cli("rollback", "tiny", "--dry-run")
+    assert dry["hosts"][0]["outcome"] == "would change"
+    assert '"-c" "2048"' in ssh(day2.host.name, f"cat {QUADLET}").stdout
+    _, back = day2.cli("rollback", "tiny")
+    assert back["hosts"][0]["outcome"] == "changed", back
+    assert '"-c" "4096"' in ssh(day2.host.name, f"cat {QUADLET}").stdout
+    assert _complete(ssh, day2.host.name)["model"] == TINY_REPO
+    (u,) = day2.units(code=3)  # serving the previous recipe: the catalog says 2048
+    assert u["recipe_digest"] == old and u["healthy"]
+    assert {d["field"] for d in u["drift"]} == {"context"}
+    _, again = day2.cli("rollback", "tiny")  # and back to the newer one
+    assert again["hosts"][0]["outcome"] == "changed"
+    (u,) = day2.units()
+    assert u["recipe_digest"] == new and u["drift"] == []
+
+
+def test_prune_lists_exactly_the_unused_and_keeps_serving(
+    day2: Day2, ssh: SshRunner, hf: HFServer
+) -> None:
+    day2.cli("deploy", "tiny")
+    blobs = f"{MODELS}/models--tensorless-test--tiny-llama-GGUF/blobs"
+    used = ssh(day2.host.name, f"ls {blobs}").stdout.split()
+    # a second model of the tool that no unit uses any more, and one that is not the tool's
+    other = day2.tmp / "other"
+    recipe = tiny_recipe(day2.hosts_json, TINY_COMMIT)
+    recipe["model"].update(hf_repo="tensorless-test/other-GGUF", name="other")
+    recipe["run"]["alias"] = "tensorless-test/other-GGUF"
+    write_recipe(other, recipe)
+    data = Path(day2.hosts_json["tiny_gguf"]["path"]).read_bytes()
+    hf.publish(
+        "tensorless-test/other-GGUF",
+        {day2.hosts_json["tiny_gguf"]["hf_file"]: data},
+        commit=TINY_COMMIT,
+    )
+    proc = cli(
+        "deploy",
+        "-i",
+        str(day2.inventory),
+        "other",
+        "--recipes",
+        str(other),
+        "--port",
+        "8090",
+        env=day2.env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert cli("stop", "other", "-i", str(day2.inventory), env=day2.env).returncode == 0
+    unused_blob = f"{MODELS}/models--tensorless-test--other-GGUF/blobs/{used[0]}"
+    assert ssh(day2.host.name, f"test -f {unused_blob}", check=False).returncode == 0
+    ssh(day2.host.name, "mkdir -p /srv/keep && echo mine > /srv/keep/file")
+
+    _, dry = day2.cli("prune", "--dry-run")
+    (h,) = dry["hosts"]
+    assert h["unused_models"] == [unused_blob], h
+    assert h["unused_images"] == [] and h["kept_images"] == [day2.hosts_json["image"]["ref"]]
+    assert h["kept_models"] == [f"{blobs}/{used[0]}"]
+    assert ssh(day2.host.name, f"test -f {unused_blob}", check=False).returncode == 0
+
+    _, done = day2.cli("prune")
+    assert done["hosts"][0]["outcome"] == "changed", done
+    left = ssh(day2.host.name, f"ls -A {MODELS}").stdout.split()
+    assert left == ["models--tensorless-test--tiny-llama-GGUF"]
+    assert ssh(day2.host.name, "cat /srv/keep/file").stdout == "mine\n"
+    assert _complete(ssh, day2.host.name)["model"] == TINY_REPO
+    _, again = day2.cli("prune")
+    assert again["hosts"][0]["outcome"] == "unchanged"
