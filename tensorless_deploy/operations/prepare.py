@@ -242,8 +242,11 @@ def cdi_spec(driver_version: str, gpu_uuids: Sequence[str] = ()) -> Commands:
 
         from tensorless_deploy.operations import prepare
 
-        prepare.cdi_spec(name="toolkit.cdi", driver_version="535.183.01",
-                         gpu_uuids=["GPU-3f2c8a51-6d1e-4b7a-9c05-1e8d2f4a7b90"])
+        prepare.cdi_spec(
+            name="toolkit.cdi",
+            driver_version="535.183.01",
+            gpu_uuids=["GPU-3f2c8a51-6d1e-4b7a-9c05-1e8d2f4a7b90"],
+        )
     """
     state = host.get_fact(CdiRefresh)
     specs = host.get_fact(GpuCdiSpecs)
