@@ -135,7 +135,8 @@ def result_json(r: HostResult) -> dict[str, Any]:
             {"id": c.id, "evidence": c.evidence, "fix": c.fix} for c in r.failed_checks
         ],
         "steps": [
-            {"name": s.name, "outcome": s.outcome, "output": list(s.output)} for s in r.steps
+            {"name": s.name, "outcome": s.outcome, "output": list(s.output), "seconds": s.seconds}
+            for s in r.steps
         ],
     }
 

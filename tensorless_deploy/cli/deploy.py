@@ -39,6 +39,15 @@ def print_roll(results: Sequence[HostResult], serving: dict[str, str | None]) ->
         print(f"{key}: {', '.join(names)}")
 
 
+def print_unit_diff(r: HostResult) -> None:
+    """deploy --dry-run: each unit that would change, its text there against the rendered one."""
+    for s in r.steps:
+        if s.name.startswith("unit") and s.outcome == "would change" and s.output:
+            print(f"  {s.name}: would change")
+            for line in s.output:
+                print(f"    {line}")
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     from tensorless_deploy.fleet.deploy import DeployRequest, deploy, roll
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
@@ -52,8 +61,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise UsageError(f"--serial {args.serial}: must be 1 or more hosts at a time")
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])
+    # the token is looked up only when a host (or this machine, to push) downloads the model
     request = DeployRequest(
-        args.model, flags, args.dry_run, None if args.dry_run else token(), args.transfer
+        args.model,
+        flags,
+        args.dry_run,
+        None,
+        args.transfer,
+        token_source=None if args.dry_run else token,
     )
     if args.serial and not args.dry_run:
         results = roll(inventory, hosts, catalog, request, args.serial)
@@ -68,7 +83,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         ]
         emit_json({"ok": all(r.ok for r in results), "hosts": rows})
     else:
-        print_results(results, args.verbose)
+        for r in results:
+            print_results([r], args.verbose)
+            if args.dry_run:
+                print_unit_diff(r)
         if serving:
             print_roll(results, serving)
         bad = [r.host for r in results if not r.ok]

@@ -531,13 +531,15 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 def parse_tool_state(output: str, exit_code: int) -> ToolState:
     """The survey's ``tensorless`` section: lines ``@unit SHA256 PATH`` (then ``@label K=V`` and
     ``@health CODE`` for it), ``@blob SIZE MTIME PATH`` (then ``@stamp TEXT``), ``@image REF``
-    and ``@images-ok ENGINE`` once that engine listed its images."""
+    and ``@images-ok ENGINE`` once that engine listed its images, ``@link TARGET PATH`` per
+    snapshot link."""
     if exit_code != 0:
         raise FactError(f"tool state: the survey section exited {exit_code}: {output.strip()}")
     units: list[dict[str, Any]] = []
     blobs: list[dict[str, Any]] = []
     images: list[str] = []
     images_engine: str | None = None
+    links: dict[str, str] = {}
     last: str | None = None  # which list the next @label/@health/@stamp belongs to
     for line in output.splitlines():
         word, _, rest = line.partition(" ")
@@ -579,11 +581,17 @@ def parse_tool_state(output: str, exit_code: int) -> ToolState:
             images.append(rest.strip())
         elif word == "@images-ok":
             images_engine = rest.strip() or None
+        elif word == "@link":
+            target, _, link = rest.partition(" ")
+            if target and link:
+                links.setdefault(link, target)
+            last = None
     return ToolState(
         units=tuple(ToolUnit(**u) for u in units),
         blobs=tuple(ModelBlobFile(**b) for b in blobs),
         images=tuple(i for i in images if "@sha256:" in i) if images_engine else None,
         images_engine=images_engine,
+        links=links,
     )
 
 

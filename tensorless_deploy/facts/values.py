@@ -371,6 +371,7 @@ class ToolState(FactModel):
     blobs: tuple[ModelBlobFile, ...] = ()
     images: tuple[str, ...] | None = None  # repository@digest the engine holds; None: unknown
     images_engine: str | None = None  # which engine listed them (podman first, else docker)
+    links: dict[str, str] = {}  # snapshot link -> its target, as readlink prints it
 
     def has_image(self, engine: str, image: str) -> bool | None:
         """Whether ``engine`` holds ``image`` (name@sha256:...); None: not known."""
@@ -388,6 +389,16 @@ class ToolState(FactModel):
 
     def blob(self, path: str) -> ModelBlobFile | None:
         return next((b for b in self.blobs if b.path == path), None)
+
+    def verified(self, blob: str, snapshot: str, target: str) -> bool:
+        """The blob is there, stamped by this tool's last verification (same size and mtime,
+        as ``BlobState.verified``), and its snapshot link points at it: nothing to do."""
+        b = self.blob(blob)
+        return (
+            b is not None
+            and b.stamp == f"{b.size} {b.mtime} {b.path}"
+            and self.links.get(snapshot) == target
+        )
 
 
 Source = Literal["host", "inventory"]

@@ -1,15 +1,25 @@
 """deploy: survey every host, plan each one (hostplan.plan_host), refuse those whose plan fails,
-converge the rest in parallel with pyinfra, and report per host. Also the rolling form."""
+converge the rest in parallel with pyinfra, and report per host. Also the rolling form.
+
+A host the survey shows converged (every step of ``operations.deploy.serve_plan`` a no-op: the
+image held, the model blob stamped and linked, each unit's sha256 the rendered unit's, /health
+200 for every instance, no surplus instance) gets no pyinfra operation at all: its one round
+trip was the survey. A dry run is judged from the survey the same way, and shows the unit diff
+where a unit would change.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tensorless_deploy.decisions.checks import Check, Tuning
 from tensorless_deploy.decisions.options import Flags
-from tensorless_deploy.fleet.connect import disconnect, new_state, survey_hosts
+from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_hosts
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
 
@@ -23,6 +33,7 @@ class StepResult:
     name: str
     outcome: str  # changed, unchanged, failed, not run, would change, no change
     output: tuple[str, ...] = ()
+    seconds: float | None = None  # how long the step ran on the host (None: it did not run)
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,9 @@ class HostResult:
         return ", ".join(self.addresses) or None
 
 
+TokenSource = Callable[[], "str | None"]
+
+
 @dataclass(frozen=True)
 class DeployRequest:
     model: str
@@ -56,6 +70,101 @@ class DeployRequest:
     token: str | None = None
     transfer: str = "auto"  # pull: hosts fetch; push: the controller sends; auto: per host
     local: bool = False  # this machine through the deploy path (serve)
+    # where the Hub token comes from when no token is given: asked only once a download will
+    # really happen (a host lacks the model, or the controller must fetch it to push it)
+    token_source: TokenSource | None = None
+
+
+class _Token:
+    """The request's Hub token, looked up at most once, and only when asked for."""
+
+    def __init__(self, request: DeployRequest) -> None:
+        self.request = request
+        self.value: str | None = request.token
+        self.asked = request.token is not None or request.token_source is None
+
+    def __call__(self) -> str | None:
+        if not self.asked:
+            self.asked = True
+            assert self.request.token_source is not None
+            self.value = self.request.token_source()
+        return self.value
+
+
+def _step(name: str, instance: int, count: int) -> str:
+    """A step's name in the report, as operations.deploy.serve_plan names it."""
+    return name if count == 1 else f"{name} {instance}"
+
+
+def survey_steps(plan: HostPlan, facts: HostFacts) -> dict[str, bool] | None:
+    """Every step ``serve_plan`` would take on this host and whether it would change anything,
+    judged from the survey alone (the same tests its operations make with their own facts); None
+    where the survey cannot tell (a survey without the tool-state section, images not listed)."""
+    tool = facts.tool
+    if tool is None or plan.recipe is None or plan.paths is None or not plan.instances:
+        return None
+    held = tool.has_image(plan.instances[0].spec.engine, plan.recipe.engine.image)
+    if held is None:
+        return None
+    paths = plan.paths
+    steps = {
+        "image": not held,
+        "model": not tool.verified(paths.blob, paths.snapshot, paths.link_target),
+    }
+    count = len(plan.instances)
+    for inst in plan.instances:
+        if inst.unit is None:
+            return None
+        want = hashlib.sha256(inst.unit.content.encode()).hexdigest()
+        there = next((u for u in tool.units if u.path == inst.unit.path), None)
+        changes = there is None or there.sha256 != want
+        steps[_step("unit", inst.ordinal, count)] = changes
+        steps[_step("restart", inst.ordinal, count)] = changes
+        healthy = there is not None and there.health == 200
+        steps[_step("serving", inst.ordinal, count)] = not changes and not healthy
+    for u in plan.surplus:
+        steps[f"remove {u.name}"] = True
+    return steps
+
+
+def converged(steps: dict[str, bool] | None) -> bool:
+    return steps is not None and not any(steps.values())
+
+
+def unit_diffs(
+    state: Any, by_name: dict[str, Any], changing: dict[str, HostPlan], steps: dict[str, Any]
+) -> dict[str, dict[str, tuple[str, ...]]]:
+    """For a dry run: per host, per unit step that would change, the diff of the unit on the
+    host against the rendered one. One read per changing unit that exists there (a unit that
+    does not exist yet is named as new); hosts with nothing changing are not asked again."""
+    from pyinfra.facts.files import FileContents
+
+    from tensorless_deploy.fleet.connect import host_fact
+
+    def one(host: Any) -> dict[str, tuple[str, ...]]:
+        plan = changing[host.name]
+        tool = steps[host.name]
+        count = len(plan.instances)
+        out: dict[str, tuple[str, ...]] = {}
+        for inst in plan.instances:
+            name = _step("unit", inst.ordinal, count)
+            if inst.unit is None or not tool.get(name):
+                continue
+            path = inst.unit.path
+            new = inst.unit.content.splitlines()
+            old = host_fact(state, host, FileContents, path=path)
+            if old is None:
+                out[name] = (f"new unit {path} ({len(new)} lines)",)
+                continue
+            diff = difflib.unified_diff(
+                list(old), new, f"{path} (on {host.name})", f"{path} (rendered)", lineterm=""
+            )
+            out[name] = tuple(diff)
+        return out
+
+    hosts = [by_name[n] for n in changing]
+    results = on_each_host(state, hosts, one, keep_connected=True)
+    return {h.name: r for h, r in zip(hosts, results, strict=True) if not isinstance(r, str)}
 
 
 def _meta_lines(meta: Any) -> tuple[str, ...]:
@@ -80,21 +189,56 @@ def _dry_steps(metas: dict[str, Any]) -> tuple[StepResult, ...]:
     return tuple(out)
 
 
-def _step_results(metas: dict[str, Any], dry: bool) -> tuple[StepResult, ...]:
+def _step_results(
+    metas: dict[str, Any], dry: bool, seconds: dict[str, float] | None = None
+) -> tuple[StepResult, ...]:
     if dry:
         return _dry_steps(metas)
+    took = seconds or {}
     out = []
     for name, meta in metas.items():
+        t = took.get(meta._hash)
         if not meta.is_complete():
             out.append(StepResult(name, "not run"))
         elif meta.did_error():
-            out.append(StepResult(name, "failed", _meta_lines(meta)))
+            out.append(StepResult(name, "failed", _meta_lines(meta), t))
         elif not meta.executed:  # a noop, or a follow-up whose condition did not hold
             out.append(StepResult(name, "unchanged"))
         else:
             outcome = "changed" if meta.did_change() else "unchanged"
-            out.append(StepResult(name, outcome, _meta_lines(meta)))
+            out.append(StepResult(name, outcome, _meta_lines(meta), t))
     return tuple(out)
+
+
+def _op_timer(state: Any) -> dict[tuple[str, str], float]:
+    """Seconds each operation ran on each host, (host, op hash) -> s, filled while run_ops runs
+    (the per-phase times the deploy bench prints)."""
+    import time
+
+    from pyinfra.api.state import BaseStateCallback
+
+    took: dict[tuple[str, str], float] = {}
+    started: dict[tuple[str, str], float] = {}
+
+    class Timer(BaseStateCallback):
+        @staticmethod
+        def operation_host_start(state: Any, host: Any, op_hash: Any) -> None:
+            started[(host.name, op_hash)] = time.monotonic()
+
+        @staticmethod
+        def operation_host_success(
+            state: Any, host: Any, op_hash: Any, retry_count: int = 0
+        ) -> None:
+            key = (host.name, op_hash)
+            took[key] = time.monotonic() - started.get(key, time.monotonic())
+
+        @staticmethod
+        def operation_host_error(state: Any, host: Any, op_hash: Any, *args: Any) -> None:
+            key = (host.name, op_hash)
+            took[key] = time.monotonic() - started.get(key, time.monotonic())
+
+    state.add_callback_handler(Timer())
+    return took
 
 
 def _refused(plan: HostPlan) -> HostResult:
@@ -145,6 +289,21 @@ def _result(
     )
 
 
+NOTHING_TO_FETCH = "pull (nothing to fetch: the model and the image are there)"
+
+
+def _judged(
+    plan: HostPlan, steps: dict[str, bool], dry: bool, diffs: dict[str, Any]
+) -> tuple[StepResult, ...]:
+    """The report's steps of a host judged from its survey, without pyinfra."""
+    if not dry:
+        return tuple(StepResult(name, "unchanged") for name in steps)
+    return tuple(
+        StepResult(name, "would change" if change else "no change", diffs.get(name, ()))
+        for name, change in steps.items()
+    )
+
+
 def deploy(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest
 ) -> list[HostResult]:
@@ -163,6 +322,8 @@ def deploy(
     by_name = {h.name: h for h in hosts}
     results: dict[str, HostResult] = {}
     plans: dict[str, HostPlan] = {}
+    known: dict[str, dict[str, bool] | None] = {}
+    token = _Token(request)
     try:
         for s in surveyed:
             if s.facts is None:
@@ -171,23 +332,51 @@ def deploy(
             plan = plan_host(s.name, s.facts, entries, s.options)
             if plan.ok:
                 plans[s.name] = plan
+                known[s.name] = survey_steps(plan, s.facts)
             else:
                 results[s.name] = _refused(plan)
 
-        steps: dict[str, dict[str, Any]] = {}
-        transfers: dict[str, str] = {}
+        # Converged hosts: the survey was their one round trip; no operation, no probe.
+        for name in [n for n in plans if converged(known[n])]:
+            plan = plans.pop(name)
+            steps = known[name]
+            assert steps is not None
+            done = _judged(plan, steps, request.dry, {})
+            results[name] = _result(plan, done, request.dry, NOTHING_TO_FETCH)
+
+        # What is missing where: the survey says, else (None) the transfer checks find out.
+        missing = {
+            n: (None if k is None else (k["model"], k["image"]))
+            for n, k in known.items()
+            if n in plans
+        }
         modes: dict[str, tuple[str, str]] = {}
+        transfers: dict[str, str] = {}
         if plans:
-            modes = choose_transfer(state, by_name, plans, request.transfer)
-            transfers = {n: f"{m} ({why})" for n, (m, why) in modes.items()}
-            pushing = {n: p for n, p in plans.items() if modes[n][0] == "push"}
-            if pushing and not request.dry:
-                errors, sent = push(state, by_name, pushing, request.token)
-                for name, what in sent.items():
-                    transfers[name] += f"; {what}"
-                for name, error in errors.items():
-                    plans.pop(name)
-                    results[name] = HostResult(name, "failed", error, transfer=transfers[name])
+            modes = choose_transfer(state, by_name, plans, request.transfer, missing)
+            transfers = {n: f"{m} ({why})" if why else m for n, (m, why) in modes.items()}
+
+        if request.dry:
+            # judged from the survey: no pyinfra stage; the unit diff read where a unit changes
+            judged = {n: p for n, p in plans.items() if known[n] is not None}
+            diffs = unit_diffs(state, by_name, judged, known) if judged else {}
+            for name in judged:
+                plan = plans.pop(name)
+                steps = known[name]
+                assert steps is not None
+                judged_steps = _judged(plan, steps, True, diffs.get(name, {}))
+                results[name] = _result(plan, judged_steps, True, transfers.get(name))
+
+        steps_meta: dict[str, dict[str, Any]] = {}
+        took: dict[tuple[str, str], float] = {}
+        pushing = {n: p for n, p in plans.items() if modes[n][0] == "push"}
+        if pushing and not request.dry:
+            errors, sent = push(state, by_name, pushing, token, missing)
+            for name, what in sent.items():
+                transfers[name] += f"; {what}"
+            for name, error in errors.items():
+                plans.pop(name)
+                results[name] = HostResult(name, "failed", error, transfer=transfers[name])
         if plans:
             state.set_stage(StateStage.Prepare)
             for name, plan in plans.items():
@@ -195,18 +384,21 @@ def deploy(
                 archive = (
                     remote_image_path(plan.recipe.engine.image) if pushed and plan.recipe else None
                 )
+                need = missing.get(name)
+                downloads = not pushed and (need is None or need[0])
                 add_deploy(
                     state,
                     serve_plan,
                     plan=plan,
-                    token=request.token,
+                    token=token() if downloads and not request.dry else None,
                     transfer=modes[name][0],
                     archive=archive,
-                    steps=steps,
+                    steps=steps_meta,
                     host=by_name[name],
                 )
             if not request.dry:
                 state.set_stage(StateStage.Execute)
+                took = _op_timer(state)
                 try:
                     run_ops(state)
                 except PyinfraError as exc:
@@ -214,7 +406,8 @@ def deploy(
                         raise  # pyinfra stops when every host failed: the report says why
 
         for name, plan in plans.items():
-            step_results = _step_results(steps.get(name, {}), request.dry)
+            seconds = {h: t for (n, h), t in took.items() if n == name}
+            step_results = _step_results(steps_meta.get(name, {}), request.dry, seconds)
             results[name] = _result(plan, step_results, request.dry, transfers.get(name))
     finally:
         disconnect(hosts)

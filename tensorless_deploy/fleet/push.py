@@ -1,29 +1,38 @@
 """deploy --transfer push: the controller fetches the model and the image once and sends them to
 hosts that cannot reach the Hub or the registry, over the SSH connections pyinfra already holds.
 
-A send resumes from what the host already has (its partial file's size), every byte read from
-the controller's disk once per run however many hosts take it, and the host verifies on arrival
-(sha256 for the model, the manifest digest for the image) before anything is renamed or used.
+Each host gets its own writer (a thread: paramiko blocks the thread that sends, so one host with
+a full SSH window must not stall the others), streaming the file into one SSH channel that runs
+``operations/scripts/model-receive.sh``: the host says how much of the file it already has, the
+writer sends the rest from that offset, and the host appends it, hashing the bytes as they
+arrive (the prefix an earlier run left is hashed first) and never taking more than the file's
+size. The sha256 it leaves beside the partial spares the model step a second read; the image is
+verified by its manifest digest when it is loaded.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.fleet.connect import host_fact
+from tensorless_deploy.fleet.connect import host_fact, on_each_host
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.hub import controller_state_dir
 
-CHUNK = 1 << 20
+CHUNK = 4 << 20  # one read and one channel write per 4 MiB
+WINDOW = 64 << 20  # the SSH channel's receive window the host grants: a writer never waits on it
+PACKET = 256 << 10  # the largest SSH packet asked for (the server may cap it lower)
 REMOTE_IMAGES = "/var/lib/tensorless/transfer"
+Missing = dict[str, "tuple[bool, bool] | None"]  # host -> (model missing, image missing); None: ?
+Token = Callable[[], "str | None"]
 
 
 class TransferError(TensorlessError):
@@ -78,88 +87,87 @@ def remote_image_path(image: str) -> str:
 
 @dataclass
 class Receiver:
-    """One host taking one file: where it goes, and how much it already has."""
+    """One host taking one file: where it goes, how much it had, what was sent, and how long
+    the send took (seconds from the channel's start to the host's last word)."""
 
     host: str
-    sftp: Any  # paramiko SFTPClient
+    remote: Any  # the pyinfra Host
     path: str  # the remote partial file
     offset: int = 0
     sent: int = 0
+    seconds: float = 0.0
     error: str | None = None
+    said: list[str] = field(default_factory=list)
 
 
-def _remote_size(sftp: Any, path: str) -> int:
+def receive_command(state: Any, host: Any, partial: str, size: int) -> str:
+    """The host side of one send (model-receive.sh bound), wrapped as pyinfra wraps every
+    command for this host (sudo and su from its inventory data)."""
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+    from pyinfra.api.command import StringCommand
+    from pyinfra.connectors.util import make_unix_command_for_host
+
+    from tensorless_deploy.operations._run import script
+
+    cmd = script("model-receive", partial=partial, size=size)
+    arguments, _ = pop_global_arguments(state, host, {})
+    executor = {
+        k: v
+        for k, v in arguments.items()
+        if k in CONNECTOR_ARGUMENT_KEYS
+        and k not in ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
+    }
+    wrapped: StringCommand = make_unix_command_for_host(state, host, cmd, **executor)
+    return str(wrapped.get_raw_value())
+
+
+def send_one(source: Path, receiver: Receiver, command: str, chunk: int = CHUNK) -> None:
+    """Stream source into one host from the offset it reports, on its own SSH channel."""
+    t0 = time.monotonic()
+    transport = receiver.remote.connector.client.get_transport()
+    channel = transport.open_session(window_size=WINDOW, max_packet_size=PACKET)
     try:
-        return int(sftp.stat(path).st_size)
-    except OSError:
-        return 0
-
-
-def open_receivers(hosts: Sequence[tuple[str, Any, str]], size: int) -> list[Receiver]:
-    """An SFTP session per (name, host, remote path), on pyinfra's own SSH connection, resuming
-    at the size the host already has."""
-    out = []
-    for name, host, path in hosts:
-        sftp = host.connector.client.open_sftp()
-        directory = path.rsplit("/", 1)[0]
-        _mkdirs(sftp, directory)
-        have = _remote_size(sftp, path)
-        if have > size:  # a partial longer than the file is not ours to trust
-            sftp.remove(path)
-            have = 0
-        out.append(Receiver(name, sftp, path, have))
-    return out
-
-
-def _mkdirs(sftp: Any, directory: str) -> None:
-    parts = [p for p in directory.split("/") if p]
-    cur = ""
-    for part in parts:
-        cur += "/" + part
-        try:
-            sftp.stat(cur)
-        except OSError:
-            sftp.mkdir(cur, 0o755)
-
-
-def broadcast(source: Path, receivers: Sequence[Receiver]) -> None:
-    """Send source to every receiver from its own offset, reading each byte of source once:
-    one pass from the smallest offset, each chunk appended where the host has reached it."""
-    live = [r for r in receivers if r.offset < source.stat().st_size]
-    if not live:
-        return
-    files = {}
-    for r in live:
-        f = r.sftp.open(r.path, "ab")
-        f.set_pipelined(True)
-        files[r.host] = f
-    try:
+        channel.exec_command(command)
+        out = channel.makefile("rb")
+        first = out.readline().decode(errors="replace").strip()
+        word, _, value = first.partition(" ")
+        if word != "have" or not value.isdigit():
+            err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+            receiver.error = f"push to {receiver.host}: the host did not start: {err or first}"
+            return
+        receiver.offset = int(value)
         with source.open("rb") as src:
-            pos = min(r.offset for r in live)
-            src.seek(pos)
-            while True:
-                block = src.read(CHUNK)
-                if not block:
-                    break
-                end = pos + len(block)
-                for r in live:
-                    if r.error is not None or r.offset >= end:
-                        continue
-                    start = r.offset - pos  # > 0 only for the first block a host takes
-                    try:
-                        files[r.host].write(block[start:])
-                    except OSError as exc:  # this host stops; the others go on
-                        r.error = f"push to {r.host} stopped at {r.offset} bytes: {exc}"
-                        continue
-                    r.sent += len(block) - start
-                    r.offset = end
-                pos = end
+            src.seek(receiver.offset)
+            while block := src.read(chunk):
+                channel.sendall(block)
+                receiver.sent += len(block)
+        channel.shutdown_write()
+        rest = out.read().decode(errors="replace")
+        err = channel.makefile_stderr("rb").read().decode(errors="replace")
+        code = channel.recv_exit_status()
+        receiver.said = [line for line in (rest + err).splitlines() if line]
+        if code != 0:
+            why = "; ".join(receiver.said) or f"exit {code}"
+            receiver.error = f"push to {receiver.host} stopped: {why}"
+    except (OSError, EOFError) as exc:  # this host stops; the others go on
+        where = receiver.offset + receiver.sent
+        receiver.error = f"push to {receiver.host} stopped at {where} bytes: {exc}"
     finally:
-        for f in files.values():
-            with contextlib.suppress(OSError):  # a host that failed mid-send already says so
-                f.close()
-        for r in receivers:
-            r.sftp.close()
+        channel.close()
+        receiver.seconds = time.monotonic() - t0
+
+
+def fan_out(source: Path, receivers: Sequence[Receiver], commands: Sequence[str]) -> None:
+    """One writer thread per host, each reading source at its own offset (the page cache serves
+    all but the first read of a block), none waiting for another."""
+    threads = [
+        threading.Thread(target=send_one, args=(source, r, c), daemon=True)
+        for r, c in zip(receivers, commands, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _registry(image: str) -> str:
@@ -168,85 +176,155 @@ def _registry(image: str) -> str:
 
 
 def choose_transfer(
-    state: Any, by_name: dict[str, Any], plans: dict[str, HostPlan], mode: str
+    state: Any,
+    by_name: dict[str, Any],
+    plans: dict[str, HostPlan],
+    mode: str,
+    missing: Missing | None = None,
 ) -> dict[str, tuple[str, str]]:
     """pull or push per host, and why. auto: a cheap check from the host itself (HEAD of the
-    model URL, GET of the registry's /v2/): push where either cannot be reached."""
+    model URL, GET of the registry's /v2/), only of what the host lacks (the survey says; a
+    host it says nothing of is checked for both), all hosts at once: push where either cannot
+    be reached; a host that lacks nothing pulls nothing."""
     from tensorless_deploy.facts.pyinfra import HttpStatus
 
+    missing = missing or {}
     out: dict[str, tuple[str, str]] = {}
-    for name, plan in plans.items():
+    probe: dict[str, tuple[bool, bool]] = {}
+    for name in plans:
+        need = missing.get(name)
         if mode != "auto":
             out[name] = (mode, f"--transfer {mode}")
-            continue
-        assert plan.recipe is not None and plan.url is not None
-        h = by_name[name]
-        model = host_fact(state, h, HttpStatus, url=plan.url, head=True)
-        reg = _registry(plan.recipe.engine.image)
-        registry = max(
-            host_fact(state, h, HttpStatus, url=f"{scheme}://{reg}/v2/")
-            for scheme in ("https", "http")
-        )
-        if model and registry:
-            out[name] = ("pull", "the host reaches the model server and the registry")
+        elif need is not None and not any(need):
+            out[name] = ("pull", "nothing to fetch: the model and the image are there")
         else:
-            gone = [
-                what for what, code in (("model server", model), ("registry", registry)) if not code
-            ]
-            out[name] = ("push", f"the host cannot reach the {' or the '.join(gone)}")
+            probe[name] = need or (True, True)
+
+    def check(host: Any) -> tuple[int, int]:
+        plan = plans[host.name]
+        assert plan.recipe is not None and plan.url is not None
+        model_missing, image_missing = probe[host.name]
+        model = host_fact(state, host, HttpStatus, url=plan.url, head=True) if model_missing else 1
+        registry = 1
+        if image_missing:
+            reg = _registry(plan.recipe.engine.image)
+            registry = host_fact(state, host, HttpStatus, url=f"https://{reg}/v2/")
+            if not registry:
+                registry = host_fact(state, host, HttpStatus, url=f"http://{reg}/v2/")
+        return int(model), int(registry)
+
+    hosts = [by_name[n] for n in probe]
+    codes = on_each_host(state, hosts, check, keep_connected=True) if hosts else []
+    for host, code in zip(hosts, codes, strict=True):
+        if isinstance(code, str):  # the probe itself failed: pushing needs the same connection
+            out[host.name] = ("push", f"the reachability check failed: {code}")
+            continue
+        model, registry = code
+        if model and registry:
+            out[host.name] = ("pull", "the host reaches the model server and the registry")
+        else:
+            gone = [what for what, c in (("model server", model), ("registry", registry)) if not c]
+            out[host.name] = ("push", f"the host cannot reach the {' or the '.join(gone)}")
+    return {n: out[n] for n in plans}
+
+
+def _needs(
+    state: Any, by_name: dict[str, Any], group: dict[str, HostPlan], missing: Missing
+) -> dict[str, tuple[bool, bool]]:
+    """(model missing, image missing) per host: the survey's word, else its facts (read on all
+    the hosts it says nothing of at once)."""
+    from tensorless_deploy.facts.pyinfra import ImagePresent, ModelBlob
+
+    out = {n: need for n in group if (need := missing.get(n)) is not None}
+    unknown = [by_name[n] for n in group if n not in out]
+
+    def read(host: Any) -> tuple[bool, bool]:
+        p = group[host.name]
+        assert p.paths is not None and p.engine_bin is not None and p.recipe is not None
+        blob = host_fact(
+            state,
+            host,
+            ModelBlob,
+            blob=p.paths.blob,
+            stamp=p.paths.stamp,
+            snapshot=p.paths.snapshot,
+        )
+        held = host_fact(
+            state, host, ImagePresent, engine_bin=p.engine_bin, image=p.recipe.engine.image
+        )
+        return (not blob.exists, not held)
+
+    read_back = on_each_host(state, unknown, read, keep_connected=True) if unknown else []
+    for host, r in zip(unknown, read_back, strict=True):
+        out[host.name] = (True, True) if isinstance(r, str) else r
     return out
+
+
+@dataclass
+class PushReport:
+    """What a push did: per host the error (if any) and what was sent; per file the phases."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+    sent: dict[str, list[str]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # "fetch model", "send image"...
 
 
 def push(
     state: Any,
     by_name: dict[str, Any],
     plans: dict[str, HostPlan],
-    token: str | None,
+    token: Token | str | None,
+    missing: Missing | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Fetch model and image once on the controller, send them to every host that lacks them
-    (resuming partial files, each byte read once). Returns the hosts that failed, with why, and
-    what was sent to each host."""
-    from tensorless_deploy.facts.pyinfra import ImagePresent, ModelBlob
+    (resuming partial files, each host at its own pace). Returns the hosts that failed, with
+    why, and what was sent to each host."""
+    report = push_report(state, by_name, plans, token, missing)
+    return report.failed, {n: "; ".join(parts) for n, parts in report.sent.items()}
+
+
+def push_report(
+    state: Any,
+    by_name: dict[str, Any],
+    plans: dict[str, HostPlan],
+    token: Token | str | None,
+    missing: Missing | None = None,
+) -> PushReport:
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.fetch import LocalError, fetch_model
 
-    failed: dict[str, str] = {}
-    sent: dict[str, list[str]] = {}
+    report = PushReport()
     for sha in {p.recipe.model.sha256 for p in plans.values() if p.recipe is not None}:
         group = {n: p for n, p in plans.items() if p.recipe and p.recipe.model.sha256 == sha}
         recipe = next(iter(group.values())).recipe
         assert recipe is not None
-        needs_model = []
-        needs_image = []
-        for n, p in group.items():
-            assert p.paths is not None and p.engine_bin is not None
-            blob = host_fact(
-                state,
-                by_name[n],
-                ModelBlob,
-                blob=p.paths.blob,
-                stamp=p.paths.stamp,
-                snapshot=p.paths.snapshot,
-            )
-            if not blob.exists:
-                needs_model.append(n)
-            if not host_fact(
-                state, by_name[n], ImagePresent, engine_bin=p.engine_bin, image=recipe.engine.image
-            ):
-                needs_image.append(n)
+        needs = _needs(state, by_name, group, missing or {})
+        needs_model = [n for n in group if needs[n][0]]
+        needs_image = [n for n in group if needs[n][1]]
         try:
             if needs_model:
+                t0 = time.monotonic()
                 blob_path, _ = fetch_model(recipe, cache_dir(), token=token)
-                targets = [(n, by_name[n], _partial(group[n])) for n in needs_model]
-                _send("model", blob_path, targets, failed, sent)
+                report.seconds["fetch model"] = time.monotonic() - t0
+                targets = [(n, _partial(group[n]), recipe.model.size_bytes) for n in needs_model]
+                _send(state, by_name, "model", blob_path, targets, report)
             if needs_image:
+                t0 = time.monotonic()
                 archive = image_archive(recipe.engine.image)
+                report.seconds["fetch image"] = time.monotonic() - t0
                 remote = remote_image_path(recipe.engine.image)
-                targets = [(n, by_name[n], remote) for n in needs_image]
-                _send("image", archive, targets, failed, sent)
+                size = archive.stat().st_size
+                _send(
+                    state,
+                    by_name,
+                    "image",
+                    archive,
+                    [(n, remote, size) for n in needs_image],
+                    report,
+                )
         except (LocalError, TransferError) as exc:
-            failed.update({n: f"push: {exc.message}" for n in group})
-    return failed, {n: "; ".join(parts) for n, parts in sent.items()}
+            report.failed.update({n: f"push: {exc.message}" for n in group})
+    return report
 
 
 def _partial(plan: HostPlan) -> str:
@@ -255,18 +333,24 @@ def _partial(plan: HostPlan) -> str:
 
 
 def _send(
+    state: Any,
+    by_name: dict[str, Any],
     what: str,
     source: Path,
-    targets: list[tuple[str, Any, str]],
-    failed: dict[str, str],
-    sent: dict[str, list[str]],
+    targets: list[tuple[str, str, int]],
+    report: PushReport,
 ) -> None:
-    """One file to several hosts, each resuming from its partial; what went where is noted."""
-    receivers = open_receivers(targets, source.stat().st_size)
-    starts = {r.host: r.offset for r in receivers}
-    broadcast(source, receivers)
-    failed.update({r.host: r.error for r in receivers if r.error})
+    """One file to several hosts at once, each resuming from its partial and taking at most
+    the file's size (the model's size_bytes); what went where is noted."""
+    live = [(n, p, s) for n, p, s in targets if n not in report.failed]
+    receivers = [Receiver(n, by_name[n], p) for n, p, _ in live]
+    commands = [receive_command(state, by_name[n], p, s) for n, p, s in live]
+    t0 = time.monotonic()
+    fan_out(source, receivers, commands)
+    report.seconds[f"send {what}"] = time.monotonic() - t0
     for r in receivers:
-        sent.setdefault(r.host, []).append(
-            f"{what}: sent {r.sent} bytes (resumed from {starts[r.host]})"
+        if r.error:
+            report.failed[r.host] = r.error
+        report.sent.setdefault(r.host, []).append(
+            f"{what}: sent {r.sent} bytes (resumed from {r.offset}) in {r.seconds:.2f} s"
         )

@@ -64,18 +64,29 @@ def _write_stamp(paths: CachePaths) -> None:
 
 
 Progress = Callable[[int, int], None]  # (bytes so far, total)
+Token = Callable[[], "str | None"]
+
+
+def _too_long(partial: Path, url: str, size: int, what: str) -> LocalError:
+    partial.unlink(missing_ok=True)
+    return LocalError(
+        f"{url}: {what} than the recipe's size_bytes ({size}): stopped there, refused and deleted",
+        fix="check HF_ENDPOINT and the recipe's size_bytes and sha256",
+    )
 
 
 def fetch_model(
     recipe: Recipe,
     cache_dir: str,
     *,
-    token: str | None = None,
+    token: str | Token | None = None,
     progress: Progress | None = None,
 ) -> tuple[Path, int]:
     """The recipe's GGUF in cache_dir (Hub layout), resumable, hashed while the bytes arrive and
-    verified before it is renamed into place. Returns the blob and the bytes downloaded now;
-    a file verified earlier (same size and mtime) is neither downloaded nor hashed again."""
+    verified before it is renamed into place; never a byte written past size_bytes (a server
+    that announces or sends more is refused). Returns the blob and the bytes downloaded now;
+    a file verified earlier (same size and mtime) is neither downloaded nor hashed again.
+    token: the Hub token, or a function that finds it, called only when a download starts."""
     m = recipe.model
     paths = model_paths(cache_dir, recipe)
     blob, partial = Path(paths.blob), Path(paths.partial)
@@ -111,16 +122,23 @@ def fetch_model(
             )
         attempt += 1
         req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"})
+        if callable(token):
+            token = token()  # asked once, and only now that a download starts
         if token:
             req.add_unredirected_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(req, timeout=30) as resp, partial.open("ab") as out:
                 if have and resp.status != 206:
                     raise LocalError(f"{url}: the server ignored the Range request; cannot resume")
+                length = resp.headers.get("Content-Length", "")
+                if length.isdigit() and have + int(length) > m.size_bytes:
+                    raise _too_long(partial, url, m.size_bytes, "the server announces more")
                 while True:
                     block = resp.read(CHUNK)
                     if not block:
                         break
+                    if have + len(block) > m.size_bytes:
+                        raise _too_long(partial, url, m.size_bytes, "the server sent more")
                     out.write(block)
                     h.update(block)
                     have += len(block)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # What tensorless-deploy put on this host, for the survey (read by facts.parsers.parse_tool_state):
 # its unit files (sha256, io.tensorless.* labels, /health at the labelled URL), the model blobs
-# under the models directory with their verification stamps, and the images the engine holds.
+# under the models directory with their verification stamps, the snapshot links (target first,
+# then the link), and the images the engine holds: everything a converged deploy needs to know.
 : "${models_dir:?}" "${state_dir:?}"
 hashit() { (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d' ' -f1; }
 for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tensorless-*.service; do
@@ -18,6 +19,9 @@ for b in "$models_dir"/models--*/blobs/*; do
   echo "@blob $(stat -c '%s %Y' "$b") $b"
   s="$state_dir/verified/${b##*/}"
   if [ -f "$s" ]; then echo "@stamp $(cat "$s")"; fi
+done
+for l in "$models_dir"/models--*/snapshots/*/* "$models_dir"/models--*/snapshots/*/*/*; do
+  [ -L "$l" ] && echo "@link $(readlink "$l") $l"
 done
 for engine in podman docker; do
   command -v "$engine" >/dev/null 2>&1 || continue

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Load an image the controller pushed as an OCI archive; refuse it unless its digest is the pin.
 : "${engine:?}" "${archive:?}" "${digest:?}" "${repo:?}" "${image:?}"
+rm -f "$archive.sha256"  # the receiver's record; the manifest digest below is what counts
 id=$("$engine" pull -q "oci-archive:$archive" 2>&1) || {
   echo "loading the pushed image failed: $id" >&2; rm -f "$archive"; exit 1; }
 got=$("$engine" image inspect --format '{{.Digest}}' "$id")
