@@ -13,7 +13,7 @@ from typing import Any
 
 import gguf
 
-# The tiny llama of shared/reference/tiny-gguf/make_tiny_gguf.py: llama-server loads it.
+# The tiny llama of docs/field-notes.md#a-tiny-gguf: llama-server loads it.
 # one geometry and one writer for every test GGUF
 from tests.hosts.tiny_gguf import N_HEAD_KV, N_LAYER, write_tiny_gguf
 

@@ -1,4 +1,5 @@
-"""Test helpers: the seed's example recipe as data, a small TOML writer, catalogs on disk."""
+"""Test helpers: the specification's example recipe (docs/design.md) as data, a small TOML
+writer, catalogs on disk."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The survey's shell really runs: POSIX sh, real coreutils/ss/kernel, pyinfra's @local connector.
 
-Only nvidia-smi and nvidia-ctk are stand-ins (DESIGN.md): scripts that print the captured bytes
+Only nvidia-smi and nvidia-ctk are stand-ins (docs/design.md#tests-against-real-components):
+scripts that print the captured bytes
 of tests/fixtures and exit with the code the real tool did. The CDI specs are real files in a
 temporary folder that the survey is pointed at.
 """

@@ -417,7 +417,8 @@ def _run_llama_server(prefix: list[str], model: Path, args: list[str]) -> str:
 def llama_server(hosts_json: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """A command prefix that runs the real llama-server: TENSORLESS_LLAMA_SERVER when set (a
     path, or any prefix), else the test harness's engine image under host-side podman, with the
-    containers.conf tests/hosts/setup.sh wrote (runc, default_ulimits: FIELD.md) and the pytest
+    containers.conf tests/hosts/setup.sh wrote (runc, default_ulimits: docs/field-notes.md) and
+    the pytest
     temp dir (where the models are written) mounted read-only at the same path."""
     prefix = os.environ.get("TENSORLESS_LLAMA_SERVER")
     if prefix:

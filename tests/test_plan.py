@@ -1,5 +1,6 @@
 """plan.py, pure: host facts from the fact scenarios (real parser output) and from inventory data,
-headers read from real GGUF files (the tiny llama, Gemma 3 270M), recipes from the seed example."""
+headers read from real GGUF files (the tiny llama, Gemma 3 270M), recipes from the
+specification's example recipe (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ class Plan:
         doc = json.loads(proc.stdout)
         schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
         for m in doc["models"]:
-            for row in m["placements"]:  # docs/placement.schema.json, seed 002's rules
+            for row in m["placements"]:  # docs/placement.schema.json, PlacementPreview's rules
                 assert validate(row, schema) == [], row
         return proc.returncode, doc, out
 

@@ -1,7 +1,8 @@
-"""plan --json placements against docs/placement.schema.json, the schema written from seed 002's
-PlacementPreview: a small validator for exactly the keywords the schema uses (tested on bad
-documents), the schema itself (every seed field, the seed's words), every row plan_json writes for
-passing and refused placements, and every row the CLI prints for `plan --offline --json`."""
+"""plan --json placements against docs/placement.schema.json, the schema written from the
+placement-preview specification (docs/design.md#placement-preview): a small validator for exactly
+the keywords the schema uses (tested on bad documents), the schema itself (every PlacementPreview
+field, the specification's words), every row plan_json writes for passing and refused
+placements, and every row the CLI prints for `plan --offline --json`."""
 
 from __future__ import annotations
 
@@ -71,8 +72,6 @@ SEED_FIELDS = [
     "compatibility_detail",
     "alternative",
 ]
-# Where a checkout next to the seeds finds seed 002's text (the quote test skips without it).
-SEEDS_DIR = Path(os.environ.get("TENSORLESS_SEEDS_DIR", "/work/shared/seeds"))
 HEX64 = re.compile(r"^[a-f0-9]{64}$")
 
 
@@ -252,24 +251,31 @@ def test_schema_has_every_seed_field_typed_and_required(schema: dict[str, Any]) 
         assert props[name] == {**props[name], "type": "boolean", "default": False}
 
 
-def _seed_text() -> str:
-    hits = sorted(SEEDS_DIR.glob("002_*.txt"))
-    if not hits:
-        pytest.skip(f"seed 002's text is not in {SEEDS_DIR} (TENSORLESS_SEEDS_DIR)")
-    return hits[0].read_text(encoding="utf-8")
+DESIGN = Path(__file__).parent.parent / "docs" / "design.md"
 
 
-def test_schema_descriptions_quote_the_seed(schema: dict[str, Any]) -> None:
-    text = " ".join(_seed_text().split())
+def _design_section() -> str:
+    """docs/design.md's placement-preview section: the specification's words, in this repo."""
+    text = DESIGN.read_text(encoding="utf-8")
+    start = text.index("## Placement preview")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_schema_descriptions_quote_the_specification(schema: dict[str, Any]) -> None:
+    """Every description of the schema is the specification's text as docs/design.md quotes
+    it, and the fields are the specification's, in its order."""
+    section = _design_section()
+    text = " ".join(section.split())
     for name, prop in schema["properties"].items():
-        if "description" in prop:
+        if "description" in prop and name != "model_id":  # model_id: the model card's words
             assert " ".join(prop["description"].split()) in text, name
-    # the seed's example preview has these fields, all but the deprecated trust_requirement
-    seed = _seed_text()
-    sample = json.loads(seed[seed.index('{\n"card_digest"') :])
-    assert list(sample) == [f for f in SEED_FIELDS if f != "trust_requirement"]
-    assert "trust_requirement objectdeprecated" in text
-    assert "^[a-f0-9]{64}$" in text and "Possible values: [card, signed_engine_support]" in text
+    fields = [
+        line.split("|")[1].strip().strip("`")
+        for line in section.splitlines()
+        if line.startswith("| `")
+    ]
+    assert fields == list(SEED_FIELDS)
+    assert "`^[a-f0-9]{64}$`" in section and "`signed_engine_support`" in section
 
 
 # --- plan_json rows ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Every rule of seed 000: a recipe that breaks it is refused, naming the file and the key."""
+"""Every rule of recipe schema 1 (docs/design.md): a recipe that breaks it is refused, naming
+the file and the key."""
 
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ MEASURE_ORDER = ("short", "ctx_4k", "ctx_32k", "ctx_65k")
 
 
 def ordered_measurements(values: dict[str, float]) -> list[tuple[str, float]]:
-    """short, ctx_4k, ctx_32k, ctx_65k, then any other keys alphabetically (seed 000)."""
+    """short, ctx_4k, ctx_32k, ctx_65k, then any other keys alphabetically (recipe schema 1,
+    docs/design.md)."""
     known = [(k, values[k]) for k in MEASURE_ORDER if k in values]
     rest = sorted((k, v) for k, v in values.items() if k not in MEASURE_ORDER)
     return known + rest

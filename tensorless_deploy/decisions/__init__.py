@@ -1,1 +1,1 @@
-"""Layer 3, decisions: pure verdicts from a recipe, host facts and resolved operator options."""
+"""Layer 4, decisions: the operator's options resolved once, and the checks of a host."""

@@ -1,4 +1,4 @@
-"""Layer 2, host facts: what a GPU host is, read by pure parsers (pyinfra facts live in .host)."""
+"""Layer 2, host facts: what a GPU host is, read by pure parsers; pyinfra facts in .pyinfra."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Layer 8, the fleet: inventories, parallel surveys, deploy, push, status and stop over SSH."""
+"""Layer 9, the fleet: inventories, parallel surveys, deploy, push, status and day two over SSH."""

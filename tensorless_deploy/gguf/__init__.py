@@ -1,1 +1,1 @@
-"""Layer 2, GGUF: a bounded header reader and the memory model of llama-server (pure)."""
+"""Layer 3, GGUF: a bounded header reader and the memory model of llama-server (pure)."""

@@ -47,8 +47,8 @@ DEFAULT_BATCH = 2048
 AUTO_PARALLEL = 4  # what `-np` unset means: 4 slots over one unified cache
 
 # --- the memory model --------------------------------------------------------------------------
-# Skulk charges weights x 1.10 + KV + 256 MiB within min(free, 0.90 x total). We itemize instead,
-# so the margin only has to cover what we cannot see:
+# Skulk (docs/design.md#placement-preview) charges weights x 1.10 + KV + 256 MiB within
+# min(free, 0.90 x total). We itemize instead, so the margin only has to cover what we cannot see:
 #  - weights: the GGUF file size, uncorrected. Every tensor byte is in the file and the file holds
 #    nothing else but the header; llama.cpp keeps token_embd in host memory, so this is already
 #    an upper bound on what lands on the card. No 10% fudge.

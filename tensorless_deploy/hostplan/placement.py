@@ -1,7 +1,8 @@
 """Placement preview (pure): recipes, host facts and GGUF headers in; per host and GPU, whether a
 model can be placed there, the largest context that fits, and why not.
 
-The ideas and names come from seed 002's PlacementPreview (max_context_tokens,
+The ideas and names come from PlacementPreview (docs/design.md#placement-preview):
+(max_context_tokens,
 default_context_tokens, kv_bytes_per_token, memory_delta_by_node, error, error_code,
 alternative, card_digest), brought to an SSH inventory of single-card llama-server hosts:
 
@@ -162,7 +163,7 @@ class Placement:
 @dataclass(frozen=True)
 class ModelPlan:
     """Every row of one model; ``best`` is the ranked pick, the other passing rows are
-    alternatives (seed 002: a host that passes admission but lost the ranking)."""
+    alternatives (PlacementPreview: a host that passes admission but lost the ranking)."""
 
     model: str
     placements: tuple[Placement, ...]
@@ -281,7 +282,7 @@ class _Recipes:
         return ok
 
 
-# Checks the rows judge themselves (with the seed's codes and their own words)
+# Checks the rows judge themselves (with the specification's codes and their own words)
 ROW_CHECKS = (*CARD_CHECKS, "recipe.state")
 
 
@@ -524,8 +525,8 @@ DIGEST_PREFIX = "sha256:"
 
 
 def card_digest_hex(recipe_digest_value: str | None) -> str | None:
-    """recipe_digest's ``sha256:<hex>`` (the io.tensorless.recipe-digest label) as seed 002's
-    card_digest: the bare 64 hex digits."""
+    """recipe_digest's ``sha256:<hex>`` (the io.tensorless.recipe-digest label) as
+    PlacementPreview's card_digest: the bare 64 hex digits."""
     if recipe_digest_value is None:
         return None
     hexpart = recipe_digest_value.removeprefix(DIGEST_PREFIX)
@@ -564,17 +565,18 @@ def _memory_json(p: Placement) -> dict[str, Any] | None:
 
 
 def placement_json(p: Placement, alternative: bool = False) -> dict[str, Any]:
-    """One row: every field of seed 002's PlacementPreview with the seed's value rules, then the
-    tool's own fields. An instance is present only on a placement (ok): card_digest,
-    max_context_tokens, memory_delta_by_node and compatibility_source are null on a refusal,
-    where the tool's own largest_context_tokens and recipe_digest still say what was computed."""
+    """One row: every field of PlacementPreview (docs/design.md#placement-preview) with its
+    value rules, then the tool's own fields. An instance is present only on a placement (ok):
+    card_digest, max_context_tokens, memory_delta_by_node and compatibility_source are null on
+    a refusal, where the tool's own largest_context_tokens and recipe_digest still say what was
+    computed."""
     ok = p.ok
     need = p.need_bytes
     # default_context_tokens is the window without a request: the recipe's context (the row's
     # own context_tokens is the one asked for, --context N or the recipe's).
     default_ctx = p.recipe_context
     return {
-        # seed 002 PlacementPreview
+        # PlacementPreview (docs/design.md#placement-preview)
         "card_digest": card_digest_hex(p.card_digest) if ok else None,
         "model_id": p.model,
         "sharding": None,
@@ -626,7 +628,7 @@ def _header_json(key: HeaderKey, r: HeaderResult) -> dict[str, Any]:
     }
 
 
-# 2: placements follow seed 002's value rules (docs/plan.md)
+# 2: placements follow PlacementPreview's value rules (docs/plan.md)
 PLAN_JSON_SCHEMA = 2
 
 

@@ -1,1 +1,1 @@
-"""Layer 4, the launch spec: one value per container, rendered to unit files and argv (pure)."""
+"""Layer 5, the launch spec: one value per container, rendered to unit files and argv (pure)."""

@@ -1,1 +1,1 @@
-"""Layer 7, this machine: its facts, the model in its Hub cache, a foreground run, bench."""
+"""Layer 8, this machine: its facts, the model in its Hub cache, a foreground run, bench."""

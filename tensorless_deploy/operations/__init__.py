@@ -1,1 +1,1 @@
-"""Layer 6, operations: pyinfra operations and the @deploy that serve a model on a host."""
+"""Layer 7, operations: pyinfra operations and the @deploy that serve a model on a host."""

@@ -1,4 +1,4 @@
-"""Strict pydantic models of recipe schema 1: one model on one card (seed 000)."""
+"""Strict pydantic models of recipe schema 1 (docs/design.md): one model on one card."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Generate a tiny random-weight llama-architecture GGUF that llama-server loads and serves.
 
-Adapted from the reference generator (shared/reference/tiny-gguf). Deterministic per seed:
+Adapted from a generator seen working here (docs/field-notes.md#a-tiny-gguf). Deterministic per
+seed:
 the same arguments give the same bytes. Needs the `gguf` package (and numpy), present in the
 project venv.
 
