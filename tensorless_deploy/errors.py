@@ -36,7 +36,9 @@ class RecipeError(TensorlessError):
 
 
 class UnknownModelError(TensorlessError):
-    """MODEL matched no recipe; carries the closest names."""
+    """MODEL matched no recipe; carries the closest names. A usage error: what was typed."""
+
+    exit_code = 2
 
     def __init__(self, model: str, suggestions: list[str]) -> None:
         hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""

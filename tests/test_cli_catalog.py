@@ -136,7 +136,7 @@ def test_info_not_published(states_catalog: Path) -> None:
 
 def test_info_unknown_model_suggests(states_catalog: Path) -> None:
     proc = cli("info", "draft-gguf", "--recipes", str(states_catalog))
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # an unknown model is a usage error
     assert "did you mean org/draft-GGUF" in proc.stderr
     assert "Traceback" not in proc.stderr
 

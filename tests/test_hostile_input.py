@@ -195,7 +195,7 @@ def test_deploy_extra_args_refused_before_the_inventory_is_read(tmp_path: Path) 
 
 def test_hostile_model_name_and_limit_are_escaped() -> None:
     proc = cli("info", HOSTILE)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # an unknown model is a usage error
     lines = assert_clean(proc)
     assert lines[0].startswith(
         "x\\u001b]0;pwned\\u0007\\u001b[2J\\u009b31m\\u202ey\\u000dz: no recipe"

@@ -10,10 +10,11 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from tensorless_deploy import __version__
-from tensorless_deploy.cli.output import terminal_guard
-from tensorless_deploy.errors import RecipeError, TensorlessError
+from tensorless_deploy.cli.output import emit_json, terminal_guard
+from tensorless_deploy.errors import RecipeError, TensorlessError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]
 Command = Callable[[str, str, Handler], argparse.ArgumentParser]
@@ -34,8 +35,15 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
     )
 
 
+class ToolParser(argparse.ArgumentParser):
+    """argparse, but a usage error is the tool's own: one line, exit 2, JSON under --json."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}", fix=f"see {self.prog} --help")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog="tensorless-deploy",
         description="Serve pinned llama-server recipes on GPU hosts and on this machine.",
     )
@@ -68,24 +76,29 @@ def _main(argv: Sequence[str] | None) -> int:
     if "--" in words:
         at = words.index("--")
         words, extra = words[:at], words[at + 1 :]
-    args = parser.parse_args(words)
-    if extra and not getattr(args, "takes_extra", False):
-        parser.error(f"{args.command} takes no extra llama-server args after --")
-    args.extra = extra
-    handler: Handler = args.handler
+    args = argparse.Namespace(json="--json" in words)  # what a refusal of the words may say
     try:
+        args = parser.parse_args(words)
+        if extra and not getattr(args, "takes_extra", False):
+            parser.error(f"{args.command} takes no extra llama-server args after --")
+        args.extra = extra
+        handler: Handler = args.handler
         return handler(args)
-    except RecipeError as exc:
-        for line in exc.lines():
-            print(line, file=sys.stderr)
-        files = len({line.split(": ", 1)[0] for line in exc.problems})
-        print(
-            f"{len(exc.problems)} problem(s) in {files} file(s): no recipe was loaded",
-            file=sys.stderr,
-        )
-        return exc.exit_code
     except TensorlessError as exc:
-        for line in exc.lines():
+        lines = exc.lines()
+        if isinstance(exc, RecipeError):
+            files = len({line.split(": ", 1)[0] for line in exc.problems})
+            lines.append(f"{len(exc.problems)} problem(s) in {files} file(s): no recipe was loaded")
+        if getattr(args, "json", False):
+            # --json means JSON on stdout, refusals included; the same lines go to stderr
+            emit_json(
+                {
+                    "ok": False,
+                    "exit_code": exc.exit_code,
+                    "error": {"message": exc.message, "fix": exc.fix, "lines": lines},
+                }
+            )
+        for line in lines:
             print(line, file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.common import catalog_from, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint, table
+from tensorless_deploy.errors import UsageError
 from tensorless_deploy.recipe import Entry, builtin_recipes_dir, load_catalog
 
 if TYPE_CHECKING:
@@ -26,7 +27,10 @@ def ordered_measurements(values: dict[str, float]) -> list[tuple[str, float]]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    root: Path = args.dir if args.dir is not None else builtin_recipes_dir()
+    if args.dir is not None and args.recipes is not None and args.dir != args.recipes:
+        raise UsageError(f"check {args.dir} --recipes {args.recipes}: give the directory once")
+    given: Path | None = args.dir if args.dir is not None else args.recipes
+    root: Path = given if given is not None else builtin_recipes_dir()
     catalog = load_catalog(root)  # a RecipeError prints every problem and exits 1
     n_models = len(catalog.models())
     if args.json:
@@ -161,6 +165,7 @@ def register(command: Command) -> None:
         metavar="DIR",
         help="recipes directory (default: the built-in catalog)",
     )
+    recipes_flag(p)  # every command reads recipes from --recipes DIR; check also takes DIR
     p = command("models", "list the recipes: one row per model and card", cmd_models)
     recipes_flag(p)
     p = command(

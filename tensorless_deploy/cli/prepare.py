@@ -7,7 +7,13 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tensorless_deploy.cli.common import COLOURS, catalog_from, flags_from, recipes_flag
+from tensorless_deploy.cli.common import (
+    COLOURS,
+    catalog_from,
+    dry_run_flag,
+    flags_from,
+    recipes_flag,
+)
 from tensorless_deploy.cli.output import emit_json, paint
 
 if TYPE_CHECKING:
@@ -78,9 +84,7 @@ def register(command: Command) -> None:
         metavar="MODEL",
         help="prepare for this model's recipe (default: what every model needs)",
     )
-    p.add_argument(
-        "--dry-run", action="store_true", help="list what each host would get; change nothing"
-    )
+    dry_run_flag(p)  # list what each host would get; change nothing
     p.add_argument(
         "--toolkit-version",
         metavar="V",

@@ -134,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_foreground(spec, plan.engine_bin, on_healthy=healthy)
 
 
-def _fetch(recipe: Recipe, cache: str) -> None:
+def _fetch(recipe: Recipe, cache: str) -> tuple[Any, int]:
     from tensorless_deploy.hub import token
     from tensorless_deploy.local.fetch import fetch_model
 
@@ -145,6 +145,7 @@ def _fetch(recipe: Recipe, cache: str) -> None:
         f"model {recipe.model.file}: {word}; sha256 {recipe.model.sha256[:12]}... ok ({blob})",
         file=sys.stderr,
     )
+    return blob, fetched
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -178,7 +179,19 @@ def cmd_pull(args: argparse.Namespace) -> int:
         )
     pulled = pull_image(engine_bin(facts, engine), r.engine.image)
     print(f"image {r.engine.image}: {'pulled' if pulled else 'already present'}", file=sys.stderr)
-    _fetch(r, cache)
+    blob, fetched = _fetch(r, cache)
+    if args.json:
+        emit_json(
+            {
+                "ok": True,
+                "recipe": entry.path,
+                "image": r.engine.image,
+                "image_pulled": pulled,
+                "model": str(blob),
+                "model_bytes_downloaded": fetched,
+                "sha256": r.model.sha256,
+            }
+        )
     return 0
 
 

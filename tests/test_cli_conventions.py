@@ -1,0 +1,91 @@
+"""Conventions every command keeps, driven through the CLI as an operator types it: a usage
+error is one line and exit 2; --json means JSON on stdout, refusals included; every command
+that changes something takes --dry-run (and --dry, its older spelling); --recipes everywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tensorless_deploy.cli import build_parser
+from tests.hosts.fleet import cli
+
+CHANGING = ("deploy", "serve", "stop", "rollback", "prune", "prepare")
+
+
+def _subcommands() -> dict[str, object]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return dict(action.choices)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["deploy"],
+        ["models", "--bogus"],
+        ["nosuchcommand"],
+        ["run", "pn3", "--port", "eighty"],
+        ["doctor", "-i", "x.py", "--local"],
+        ["plan"],
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(argv: list[str]) -> None:
+    proc = cli(*argv)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "(fix: see tensorless-deploy" in proc.stderr
+    as_json = cli(*argv, "--json")
+    assert as_json.returncode == 2
+    doc = json.loads(as_json.stdout)
+    assert doc["ok"] is False and doc["exit_code"] == 2 and doc["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["info", "nosuchmodel"],
+        ["doctor", "--local", "nosuchmodel"],
+        ["plan", "--local", "nosuchmodel"],
+        ["run", "nosuchmodel", "--dry-run"],
+        ["pull", "nosuchmodel"],
+        ["bench", "nosuchmodel"],
+    ],
+)
+def test_an_unknown_model_is_a_usage_error_in_text_and_json(argv: list[str]) -> None:
+    proc = cli(*argv)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("nosuchmodel: no recipe for this model")
+    doc = json.loads(cli(*argv, "--json").stdout)
+    assert doc["exit_code"] == 2 and "no recipe for this model" in doc["error"]["message"]
+
+
+def test_every_changing_command_takes_dry_run_and_dry() -> None:
+    commands = _subcommands()
+    for name in CHANGING:
+        sub = commands[name]
+        flags = {o for a in sub._actions for o in a.option_strings}  # type: ignore[attr-defined]
+        assert {"--dry-run", "--dry"} <= flags, name
+    args = build_parser().parse_args(["deploy", "-i", "inv.py", "pn3", "--dry"])
+    assert args.dry_run is True
+
+
+def test_every_command_that_reads_recipes_takes_recipes(tmp_path: Path) -> None:
+    for name, sub in _subcommands().items():
+        flags = {o for a in sub._actions for o in a.option_strings}  # type: ignore[attr-defined]
+        if name not in ("export",) or "--recipes" in flags:
+            assert "--recipes" in flags, name
+    proc = cli("check", "--recipes", "recipes")
+    assert proc.returncode == 0 and "all valid" in proc.stdout, proc.stderr
+    both = cli("check", "recipes", "--recipes", str(tmp_path))
+    assert both.returncode == 2 and "give the directory once" in both.stderr
+
+
+def test_serve_takes_what_run_takes(tmp_path: Path) -> None:
+    """serve is documented as taking run's arguments; a dry run here (no GPU, no driver) is
+    refused by the host plan, not by the parser."""
+    proc = cli("serve", "pn3", "--dry-run", "--port", "8099", "--host", "127.0.0.1")
+    assert "unrecognized arguments" not in proc.stderr and proc.returncode in (0, 1)
+    assert "Traceback" not in proc.stderr
