@@ -142,6 +142,23 @@ def test_run_serves_one_card_and_gpu_picks_it(standin_smi: dict[str, str]) -> No
     assert bad.returncode == 2 and bad.stderr.startswith("--gpu seven: must be"), bad.stderr
 
 
+def test_dry_run_previews_a_card_this_machine_lacks() -> None:
+    """No GPU here at all: `run --dry-run --card p100` still shows the p100 recipe's command,
+    the device a stand-in named GPU-PREVIEW; without --dry-run the same is refused."""
+    proc = cli("run", "pn3", "--dry-run", "--card", "p100", "--json", "--engine", "podman")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["preview"] is True and out["gpu_uuids"] == ["GPU-PREVIEW"]
+    assert "nvidia.com/gpu=GPU-PREVIEW" in out["command"]
+    assert out["recipe"].endswith("/p100.toml") and out["server_args"][-1] == "--jinja"
+    human = cli("run", "pn3", "--dry-run", "--card", "p100")
+    assert "preview   no p100 card here" in human.stderr
+    real = cli("run", "pn3", "--card", "p100")
+    assert real.returncode == 1 and "driver.present" in real.stderr
+    unknown = cli("run", "pn3", "--dry-run", "--card", "h100")
+    assert unknown.returncode == 2 and "no recipe for card 'h100'" in unknown.stderr
+
+
 def test_dry_run_state_table(tmp_path: Path, standin_smi: dict[str, str]) -> None:
     draft = example()
     draft["status"] = "draft"

@@ -36,11 +36,13 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     seed's state table and the failed checks refuse here, before anything is fetched."""
     from tensorless_deploy.decisions.checks import state_refusal
     from tensorless_deploy.decisions.options import resolve
-    from tensorless_deploy.hostplan.plan import plan_host
+    from tensorless_deploy.hostplan.plan import plan_host, select, with_preview_card
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.facts import local_facts
 
-    entries = catalog_from(args).find(args.model)
+    catalog = catalog_from(args)
+    card = getattr(args, "card", None)
+    entries = [catalog.card(args.model, card)] if card else catalog.find(args.model)
     flags = flags_from(args, **RUN_FLAG_NAMES)
     cache = cache_dir()
     # the Hub cache is where huggingface_hub puts it, whatever its path: not an operator option;
@@ -50,7 +52,11 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
         models_dir=cache,
         instances=flags.instances if flags.instances is not None else 1,
     )
-    plan = plan_host(HERE, local_facts(cache), entries, options, units=False)
+    facts = local_facts(cache)
+    if dry and card and (facts.gpus.state != "ok" or select(entries, facts) is None):
+        # a preview of the card's recipe on a machine without that card
+        facts = with_preview_card(facts, entries[0].recipe)
+    plan = plan_host(HERE, facts, entries, options, units=False)
     if plan.recipe is None:
         raise Refused(args.model, plan.failed())
     refusal = state_refusal(plan.recipe, "dry_run" if dry else "run", options.allow_draft)
@@ -62,6 +68,8 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
 
 
 def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
+    from tensorless_deploy.hostplan.plan import PREVIEW_UUID
+
     assert plan.entry is not None
     entry, r = plan.entry, plan.entry.recipe
     spec = plan.instances[0].spec
@@ -82,6 +90,7 @@ def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
                 "tuned": spec.tuning.tuned,
                 "untuned_reasons": list(spec.tuning.reasons),
                 "command": command,
+                "preview": PREVIEW_UUID in spec.gpu_uuids,
                 "would_refuse": [
                     {"id": c.id, "evidence": c.evidence, "fix": c.fix} for c in would_stop
                 ],
@@ -96,6 +105,12 @@ def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
     )
     print(f"cache     {spec.model_path}")
     print(f"gpus      {', '.join(spec.gpu_uuids) or '-'}")
+    if PREVIEW_UUID in spec.gpu_uuids:
+        print(
+            f"preview   no {r.card.id} card here: {PREVIEW_UUID} stands for the one a run would "
+            "be given",
+            file=sys.stderr,
+        )
     print("env       " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env))
     print(f"address   {spec.url}")
     print("command   " + shlex.join(command))
@@ -247,6 +262,11 @@ def register(command: Command) -> None:
         "--dry-run",
         action="store_true",
         help="print every value and the exact command; change nothing",
+    )
+    p.add_argument(
+        "--card",
+        metavar="ID",
+        help="the card's recipe; with --dry-run, previewed even where this machine lacks it",
     )
     p.add_argument(
         "--gpu",

@@ -326,3 +326,24 @@ def dry_run_refusal(plan: HostPlan) -> str | None:
     if plan.recipe is None:
         return None
     return state_refusal(plan.recipe, "dry_run", plan.options.allow_draft)
+
+
+PREVIEW_UUID = "GPU-PREVIEW"  # the card a preview stands for is not on this machine
+
+
+def with_preview_card(facts: HostFacts, recipe: Recipe) -> HostFacts:
+    """This machine's facts with its GPUs replaced by one card exactly as the recipe asks for
+    (compute capability, least memory, oldest driver): what `run --dry-run --card ID` previews
+    on a machine without that card. Labelled by PREVIEW_UUID wherever a device is named."""
+    card = recipe.card
+    gpu = Gpu(
+        index=0,
+        uuid=PREVIEW_UUID,
+        name=card.title or card.id,
+        compute_cap=card.compute_capability,
+        memory_total_mib=card.min_memory_mib,
+        memory_used_mib=0,
+        driver_version=card.min_driver,
+    )
+    report = facts.gpus.model_copy(update={"state": "ok", "gpus": (gpu,), "exit_code": 0})
+    return facts.model_copy(update={"gpus": report})
