@@ -356,10 +356,19 @@ done_step
 
 # ---------------------------------------------------------------- 7. wait for rootfs trees
 step rootfs-wait
+# say_waiting T0 WHAT LOG: every 15 s, what is still running, for how long, its last log line
+say_waiting() {
+  local waited=$(( $(date +%s) - $1 ))
+  if [ "$waited" -gt 0 ] && [ $(( waited % 15 )) -eq 0 ]; then
+    echo "  still $2: ${waited} s so far; last log line: $(tail -n 1 "$3" 2>/dev/null | cut -c1-100)"
+  fi
+}
 for suite in trixie bookworm; do
   end=$(( $(date +%s) + DEBOOTSTRAP_TIMEOUT + 120 ))
+  t0=$(date +%s)
   while [ ! -f "$BASE/run/rootfs-$suite.rc" ]; do
     [ "$(date +%s)" -lt "$end" ] || fail "rootfs $suite: no result after $DEBOOTSTRAP_TIMEOUT s" "$LOGS/debootstrap-$suite.log"
+    say_waiting "$t0" "building the $suite host tree (debootstrap: about 2 minutes on a fresh machine)" "$LOGS/debootstrap-$suite.log"
     sleep 1
   done
   [ "$(cat "$BASE/run/rootfs-$suite.rc")" = 0 ] || fail "building rootfs $suite (rc $(cat "$BASE/run/rootfs-$suite.rc"))" "$LOGS/debootstrap-$suite.log"
@@ -463,8 +472,10 @@ done_step
 # ---------------------------------------------------------------- 9. engine image -> registry
 step engine-image
 end=$(( $(date +%s) + DEBOOTSTRAP_TIMEOUT + 60 ))
+t0=$(date +%s)
 while [ ! -f "$BASE/run/engine.rc" ]; do
   [ "$(date +%s)" -lt "$end" ] || fail "engine build: no result" "$LOGS/engine-build.log"
+  say_waiting "$t0" "building the CPU engine image (Debian's llama-server by debootstrap)" "$LOGS/engine-build.log"
   sleep 1
 done
 [ "$(cat "$BASE/run/engine.rc")" = 0 ] || fail "engine/cpu/build.sh" "$LOGS/engine-build.log"
