@@ -18,7 +18,17 @@ from tensorless_deploy.errors import RecipeError, TensorlessError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]
 Command = Callable[[str, str, Handler], argparse.ArgumentParser]
-COMMAND_MODULES = ("catalog", "doctor", "prepare", "plan", "deploy", "run", "status", "bench")
+COMMAND_MODULES = (
+    "catalog",
+    "doctor",
+    "prepare",
+    "plan",
+    "deploy",
+    "run",
+    "status",
+    "bench",
+    "export",
+)
 
 
 def _common(p: argparse.ArgumentParser, top: bool) -> None:
