@@ -507,7 +507,10 @@ def render_documents(
     docs: list[dict[str, Json]] = []
     for work in workloads:
         if (work.cdi_device is None) != (target == "kube") or work.replicas < 1:
-            raise KubeError(f"{work.spec.name}: a {target} workload needs one GPU per pod")
+            raise KubeError(
+                f"{work.spec.name}: on kube the device plugin picks the GPU, on podman-kube a "
+                "CDI device names it; at least one replica"
+            )
         deployment, name = _deployment(recipe, work, init, target)
         docs.append(deployment)
         if target == "kube":
