@@ -489,7 +489,7 @@ def test_long_names_are_shortened_apart() -> None:
 
 
 @settings(deadline=None)  # a busy machine; the property, not the speed, is tested
-@given(st.text())
+@given(st.one_of(st.text(), st.text(alphabet=" \n\tab-:#|>'\"")))
 def test_yaml_strings_read_back_exactly(text: str) -> None:
     doc = {"k": text, text or "empty": [text, {"n": text}]}
     out = kube.to_yaml([doc])
@@ -514,10 +514,15 @@ def test_yaml_strings_read_back_exactly(text: str) -> None:
         "1e3",
         "x\n",
         "a\n\nb\n\n",
+        "\n",
+        "\n\n",
+        "\n x",
+        "|",
+        "0" * 1100,
     ],
 )
 def test_yaml_never_retypes_a_string(text: str) -> None:
-    assert yaml.safe_load(kube.to_yaml([{"k": text}])) == {"k": text}
+    assert yaml.safe_load(kube.to_yaml([{"k": text, text: [text]}])) == {"k": text, text: [text]}
 
 
 # ------------------------------------------------------------------------------- the init step

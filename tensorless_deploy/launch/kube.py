@@ -523,6 +523,7 @@ def render_documents(
 _PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./@+=-]*(?::[A-Za-z0-9_./@+=-]+)*")
 # words YAML 1.1 readers (PyYAML, go-yaml behind kubectl and podman) take as bools or null
 _YAML11_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
+_SIMPLE_KEY_MAX = 1000
 _BLOCK_SAFE = re.compile(r"[\x20-\x7e\n]*")
 
 
@@ -573,11 +574,17 @@ def _scalar(value: Json) -> str:
 
 def _block(text: str) -> list[str] | None:
     """A multi-line string as a literal block (header, then its lines), when that reads back
-    exactly: printable ASCII, no trailing blanks, a first line not starting with a space."""
-    if "\n" not in text or not _BLOCK_SAFE.fullmatch(text) or text.startswith(" "):
+    exactly: printable ASCII, no trailing blanks, a first line of content not starting with a
+    space."""
+    if "\n" not in text or not _BLOCK_SAFE.fullmatch(text):
         return None
     body = text.removesuffix("\n")
     lines = body.split("\n")
+    content = [line for line in lines if line]
+    # the block's indentation is read from its first line with content: there must be one,
+    # and it must not start with a space
+    if not content or content[0].startswith(" "):
+        return None
     if any(line != line.rstrip(" ") for line in lines):
         return None
     if text.endswith("\n\n"):
@@ -594,8 +601,11 @@ def _lines(value: Json, indent: int) -> list[str]:
     out: list[str] = []
     if isinstance(value, dict):
         for key, item in value.items():
-            head = f"{pad}{_str(str(key))}:"
-            out += _entry(head, item, indent)
+            shown = _str(str(key))
+            if len(shown) > _SIMPLE_KEY_MAX:  # YAML's implicit keys stop at 1024 characters
+                out.append(f"{pad}? {shown}")
+                shown = ""
+            out += _entry(f"{pad}{shown}:", item, indent)
     elif isinstance(value, list):
         for item in value:
             if isinstance(item, dict) and item:
