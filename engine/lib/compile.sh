@@ -57,4 +57,9 @@ cmake -S . -B build \
 cmake --build build --target llama-server -j"${JOBS:-2}"
 cp build/bin/llama-server /out/bin/
 find build/bin -maxdepth 1 -name '*.so*' -exec cp -P {} /out/lib/ \;
+# strip --strip-unneeded: nvcc names its temporary files tmpxft_<pid>_..., and those names land in
+# libggml-cuda's symbol table (file symbols, _GLOBAL__sub_I_tmpxft_...), so two builds differed
+# there and nowhere else (seen by engine/repro.sh). The symbol table is never loaded; the dynamic
+# symbols stay.
+find /out -type f \( -name llama-server -o -name '*.so*' \) -exec strip --strip-unneeded {} +
 ls -l /out/bin /out/lib
