@@ -4,12 +4,19 @@ so doctor, plan, deploy and run read the same verdict."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tensorless_deploy.decisions.options import EngineChoice, Options, address
+from tensorless_deploy.decisions.options import (
+    DATA_API_KEY_FILE,
+    DATA_INSECURE_OPEN,
+    EngineChoice,
+    Options,
+    address,
+)
 from tensorless_deploy.facts.values import Gpu, HostFacts
 from tensorless_deploy.recipe.schema import Recipe
 
@@ -500,6 +507,53 @@ def _port_check(
     return [Check("port.free", "ok", "; ".join(seen))] if seen else []
 
 
+def is_loopback(bind: str) -> bool:
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        return False
+
+
+def api_check(options: Options, ports: Sequence[int] | None = None) -> list[Check]:
+    """Who may call the API: a key (llama-server --api-key-file; /health stays open for the
+    health check), or loopback only; a wider bind without a key only when the inventory says
+    so. No row for the default (loopback, no key): nothing to say."""
+    scheme = "https" if options.tls else "http"
+    where = ", ".join(f"{scheme}://{address(options.bind, p)}" for p in (ports or [options.port]))
+    if options.api_key_file is not None:
+        return [
+            Check(
+                "api.key",
+                "ok",
+                f"{where} asks every caller for the key in {options.api_key_file} "
+                "(installed on the host for root only); /health answers without it",
+            )
+        ]
+    if is_loopback(options.bind):
+        return []
+    if options.insecure_open:
+        return [
+            Check(
+                "api.key",
+                "warn",
+                f"{where} takes requests from anyone who reaches it: no API key, "
+                f"{DATA_INSECURE_OPEN} = true",
+                f"set {DATA_API_KEY_FILE} to a key file on this machine (openssl rand -hex 32 "
+                "> api.key)",
+            )
+        ]
+    return [
+        Check(
+            "api.key",
+            "fail",
+            f"{where} would take requests from anyone who reaches it: no API key",
+            f'set {DATA_API_KEY_FILE} = "/path/on/this/machine/api.key" in the inventory '
+            "(run: --api-key-file FILE; make one with: openssl rand -hex 32 > api.key), or "
+            f"bind 127.0.0.1, or say {DATA_INSECURE_OPEN} = true (run: --insecure-open)",
+        )
+    ]
+
+
 def _servable(
     facts: HostFacts, recipe: Recipe | None, catalog: Sequence[tuple[str, Recipe]]
 ) -> tuple[str, ...]:
@@ -521,6 +575,7 @@ def host_verdict(
     ports: where the plan serves (default: the option's one port)."""
     checks: list[Check] = [Check(p.split(":", 1)[0] + ".read", "warn", p) for p in facts.problems]
     checks += _systemd_check(facts, options)
+    checks += api_check(options, ports)
     match = None
     if recipe is not None:
         refusal = state_refusal(recipe, "run", options.allow_draft)

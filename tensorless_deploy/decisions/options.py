@@ -8,6 +8,7 @@ a usage error naming the flag, bad host data an inventory error naming the host 
 from __future__ import annotations
 
 import ipaddress
+import os
 import posixpath
 import re
 from collections.abc import Callable, Mapping
@@ -37,6 +38,13 @@ DATA_PORTS = "tensorless_ports"  # one port per instance, instead of tensorless_
 DATA_TOOLKIT_VERSION = "tensorless_toolkit_version"
 DATA_TOOLKIT_REPO = "tensorless_toolkit_repo"
 DATA_TOOLKIT_KEY = "tensorless_toolkit_key"
+# Who may call the API, and how (docs/security.md): paths on the CONTROLLER, never the secret.
+DATA_API_KEY_FILE = "tensorless_api_key_file"  # one key; installed on the host root-only
+DATA_INSECURE_OPEN = "tensorless_insecure_open"  # true: a non-loopback bind may go keyless
+DATA_TLS_CERT_FILE = "tensorless_tls_cert_file"  # PEM certificate (chain) for llama-server
+DATA_TLS_KEY_FILE = "tensorless_tls_key_file"  # its PEM private key
+DATA_METRICS = "tensorless_metrics"  # true: llama-server's /metrics (with the key, if set)
+DATA_PIDS_LIMIT = "tensorless_pids_limit"  # the container's pids limit; 0: none set by the tool
 DATA_KEYS = (
     DATA_PORT,
     DATA_BIND,
@@ -48,7 +56,20 @@ DATA_KEYS = (
     DATA_TOOLKIT_VERSION,
     DATA_TOOLKIT_REPO,
     DATA_TOOLKIT_KEY,
+    DATA_API_KEY_FILE,
+    DATA_INSECURE_OPEN,
+    DATA_TLS_CERT_FILE,
+    DATA_TLS_KEY_FILE,
+    DATA_METRICS,
+    DATA_PIDS_LIMIT,
 )
+# Threads of one llama-server: -t, the HTTP pool (up to one per CPU) and the backend's own; a
+# fork bomb or a runaway thread pool stops here, far above what a server uses.
+DEFAULT_PIDS_LIMIT = 4096
+# A secret file the controller reads (an API key, a TLS certificate or key): small, text.
+SECRET_MAX_BYTES = 64 * 1024
+API_KEY_MIN_CHARS = 16
+_API_KEY = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no space: one HTTP header token
 # Which matching cards a host serves on, one llama-server each: "all" of them, the first N,
 # or exactly these (GPU index as nvidia-smi numbers them, or "GPU-<uuid>").
 Instances = str | int | tuple[int | str, ...]
@@ -149,6 +170,82 @@ def _context(v: object) -> str | None:
     return "must be a positive number of tokens"
 
 
+def _flag(v: object) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def _pids_limit(v: object) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 4_194_304:
+        return None
+    return "must be a number of processes (0: no limit set by tensorless-deploy)"
+
+
+def read_secret_file(path: str, what: str) -> str:
+    """The text of a secret file on this machine (the controller), as it will be installed: a
+    UnicodeError or OSError becomes ValueError with one line saying why. Never logged."""
+    full = os.path.expanduser(path)
+    try:
+        with open(full, "rb") as f:
+            data = f.read(SECRET_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > SECRET_MAX_BYTES:
+        raise ValueError(f"{path} is larger than {SECRET_MAX_BYTES} bytes: not {what}")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not ASCII text: not {what}") from None
+    return text if text.endswith("\n") else text + "\n"
+
+
+def api_key_text(path: str) -> str:
+    """The API key file's one key (a trailing newline allowed), checked: what llama-server reads
+    with --api-key-file and what bench and status send as ``Authorization: Bearer``."""
+    text = read_secret_file(path, "an API key file")
+    lines = text.splitlines()
+    key = lines[0].strip() if lines else ""
+    if len(lines) != 1 or not key:
+        raise ValueError(f"{path} must hold exactly one key on one line")
+    if not _API_KEY.fullmatch(key):
+        raise ValueError(f"{path}: the key may hold only printable ASCII, no spaces")
+    if key.startswith("#"):
+        raise ValueError(f"{path}: the key starts with #, which llama-server reads as a comment")
+    if len(key) < API_KEY_MIN_CHARS:
+        raise ValueError(
+            f"{path}: the key has {len(key)} characters, fewer than {API_KEY_MIN_CHARS} "
+            "(make one: openssl rand -hex 32)"
+        )
+    return key + "\n"
+
+
+def api_key(path: str) -> str:
+    """The key itself, for a client's ``Authorization: Bearer`` header."""
+    return api_key_text(path).strip()
+
+
+def pem_text(path: str, kind: str) -> str:
+    """A PEM file's text, checked to hold a ``-----BEGIN ...`` block of the kind asked."""
+    text = read_secret_file(path, f"a PEM {kind}")
+    if "-----BEGIN " not in text or (kind == "certificate" and "CERTIFICATE-----" not in text):
+        raise ValueError(f"{path} holds no PEM {kind} (-----BEGIN ...)")
+    if kind == "private key" and "PRIVATE KEY-----" not in text:
+        raise ValueError(f"{path} holds no PEM private key (-----BEGIN ... PRIVATE KEY-----)")
+    return text
+
+
+def _readable(reader: Callable[[str], str]) -> Rule:
+    def rule(v: object) -> str | None:
+        if not isinstance(v, str) or not v or any(ord(c) < 32 or ord(c) == 127 for c in v):
+            return "must be the path of a file on this machine"
+        try:
+            reader(v)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    return rule
+
+
 Rule = Callable[[object], "str | None"]
 
 
@@ -171,6 +268,24 @@ SETTINGS = (
     Setting("context", None, "--context", _context, None),
     Setting("instances", DATA_INSTANCES, "--instances", _instances, "all"),
     Setting("ports", DATA_PORTS, None, _ports, None),
+    Setting("api_key_file", DATA_API_KEY_FILE, "--api-key-file", _readable(api_key_text), None),
+    Setting("insecure_open", DATA_INSECURE_OPEN, "--insecure-open", _flag, False),
+    Setting(
+        "tls_cert_file",
+        DATA_TLS_CERT_FILE,
+        "--tls-cert-file",
+        _readable(lambda p: pem_text(p, "certificate")),
+        None,
+    ),
+    Setting(
+        "tls_key_file",
+        DATA_TLS_KEY_FILE,
+        "--tls-key-file",
+        _readable(lambda p: pem_text(p, "private key")),
+        None,
+    ),
+    Setting("metrics", DATA_METRICS, "--metrics", _flag, False),
+    Setting("pids_limit", DATA_PIDS_LIMIT, None, _pids_limit, DEFAULT_PIDS_LIMIT),
 )
 
 
@@ -185,6 +300,12 @@ class Flags:
     context: int | None = None
     instances: Instances | None = None
     ports: tuple[int, ...] | None = None  # never on a command line: inventory data only
+    api_key_file: str | None = None
+    insecure_open: bool | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    metrics: bool | None = None
+    pids_limit: int | None = None  # never on a command line: inventory data only
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)
@@ -204,9 +325,19 @@ class Options:
     context: int | None = None  # None: the recipe's own (tuned)
     instances: Instances = "all"
     ports: tuple[int, ...] | None = None  # one per instance; None: port + ordinal
+    api_key_file: str | None = None  # on the controller; None: no key (loopback only)
+    insecure_open: bool = False  # a non-loopback bind without a key, on purpose
+    tls_cert_file: str | None = None  # on the controller; both or neither
+    tls_key_file: str | None = None
+    metrics: bool = False  # llama-server --metrics
+    pids_limit: int = DEFAULT_PIDS_LIMIT  # 0: none set by the tool
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     local: bool = False  # this machine: `run` needs no systemd
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None and self.tls_key_file is not None
 
 
 def _show(value: object) -> str:
@@ -256,6 +387,7 @@ def resolve(
                     )
                 value = given
         values[s.name] = s.default if value is None else value
+    _tls_pair(flags, values, host)
     return Options(
         port=values["port"],
         bind=values["bind"],
@@ -266,7 +398,35 @@ def resolve(
         if isinstance(values["instances"], list)
         else values["instances"],
         ports=tuple(values["ports"]) if values["ports"] is not None else None,
+        api_key_file=values["api_key_file"],
+        insecure_open=values["insecure_open"],
+        tls_cert_file=values["tls_cert_file"],
+        tls_key_file=values["tls_key_file"],
+        metrics=values["metrics"],
+        pids_limit=values["pids_limit"],
         extra_args=tuple(flags.extra_args),
         allow_draft=flags.allow_draft,
         local=local,
+    )
+
+
+def _tls_pair(flags: Flags, values: Mapping[str, Any], host: str | None) -> None:
+    """TLS takes a certificate and its key together: one without the other is refused."""
+    cert, key = values["tls_cert_file"], values["tls_key_file"]
+    if (cert is None) == (key is None):
+        return
+    have, lack = (
+        ("tls_cert_file", "tls_key_file") if key is None else ("tls_key_file", "tls_cert_file")
+    )
+    by_name = {s.name: s for s in SETTINGS}
+    if getattr(flags, have) is not None:
+        raise UsageError(
+            f"{flags.spelled(by_name[have])} without {flags.spelled(by_name[lack])}: "
+            "TLS needs the certificate and its key"
+        )
+    raise InventoryError(
+        f"{host or 'host data'}: {by_name[have].data_key} without {by_name[lack].data_key}: "
+        "TLS needs the certificate and its key",
+        fix=f"set {by_name[lack].data_key} in the inventory too, or remove "
+        f"{by_name[have].data_key}",
     )
