@@ -92,7 +92,11 @@ def test_dry_run_with_standin_prints_the_exact_command(standin_smi: dict[str, st
     assert cmd[:4] == ["podman", "run", "--rm", "--pull=never"]
     assert cmd[cmd.index(image) + 1 :] == out["server_args"]
     opts = cmd[4 : cmd.index(image)]
+    assert "--read-only=true" in opts  # the one boolean flag, one word
+    opts.remove("--read-only=true")
     pairs = list(zip(opts[::2], opts[1::2], strict=True))
+    assert ("--user", "10001:10001") in pairs and ("--tmpfs", "/tmp") in pairs
+    assert ("--pids-limit", "4096") in pairs
     assert ("--device", f"nvidia.com/gpu={P100_UUID}") in pairs
     assert [f for f, _ in pairs if f == "--device"] == ["--device"]  # exactly one card
     assert not [f for f, _ in pairs if f.startswith("--health")]

@@ -55,6 +55,8 @@ EXPECTED_CASES = {
     "bind-port-service",
     "escaping-quadlet",
     "escaping-service",
+    "api-key-tls-quadlet",
+    "api-key-tls-service",
 }
 
 
@@ -126,11 +128,21 @@ def _unit_words(line: str) -> list[str]:
 
 
 def _flag_pairs(argv: list[str], image: str) -> set[tuple[str, str]]:
-    """(kind, value) of every option before the image, read back through the flag table."""
+    """(kind, value) of every option before the image, read back through the flag table (a
+    boolean flag is one word, --flag=value; every other flag is followed by its value)."""
     by_flag = {f.flag: k for k, f in FORMATS.items()}
     opts = argv[argv.index("--pull=never") + 1 : argv.index(image)]
-    assert len(opts) % 2 == 0, opts
-    return {(by_flag[opts[i]], opts[i + 1]) for i in range(0, len(opts), 2)}
+    out, i = set(), 0
+    while i < len(opts):
+        flag, eq, value = opts[i].partition("=")
+        if eq and FORMATS[by_flag[flag]].joined:
+            out.add((by_flag[flag], value))
+            i += 1
+            continue
+        assert not FORMATS[by_flag[opts[i]]].joined, opts[i]
+        out.add((by_flag[opts[i]], opts[i + 1]))
+        i += 2
+    return out
 
 
 def _quadlet_pairs(text: str) -> set[tuple[str, str]]:
@@ -150,7 +162,9 @@ def _quadlet_pairs(text: str) -> set[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("case", ["quadlet-podman5", "escaping-quadlet", "multi-gpu-quadlet"])
+@pytest.mark.parametrize(
+    "case", ["quadlet-podman5", "escaping-quadlet", "multi-gpu-quadlet", "api-key-tls-quadlet"]
+)
 def test_one_option_set_rendered_three_ways(case: str) -> None:
     """The quadlet, the plain unit and the foreground argv of one spec carry the same container
     options (the foreground run leaves the health check to the launcher's own poll)."""

@@ -31,8 +31,20 @@ from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import LABEL_PORT, Gpu, HostFacts, ToolUnit
 from tensorless_deploy.hub import CachePaths, resolve_url
+from tensorless_deploy.launch.container import (
+    HEALTH_ON_FAILURE_MIN_PODMAN,
+    QUADLET_KEYS_MIN_PODMAN,
+)
 from tensorless_deploy.launch.render import UnitFile, render_quadlet, render_service
-from tensorless_deploy.launch.spec import LaunchSpec, build_launch_spec, unit_name
+from tensorless_deploy.launch.spec import (
+    API_KEY_NAME,
+    SECRETS_DIR,
+    TLS_CERT_NAME,
+    TLS_KEY_NAME,
+    LaunchSpec,
+    build_launch_spec,
+    unit_name,
+)
 from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths
 from tensorless_deploy.recipe.schema import Recipe
 
@@ -116,6 +128,23 @@ class HostPlan:
         if self.problem:
             return self.problem
         return "; ".join(f"{c.id}: {c.evidence}" for c in self.failed()) or "refused"
+
+
+def secret_sources(options: Options, spec: LaunchSpec) -> tuple[tuple[str, str], ...]:
+    """(secret name, path on the controller) for every file the spec's container mounts: what
+    operations.secrets installs on a host, and what a foreground run stages on this machine."""
+    paths = {
+        API_KEY_NAME: options.api_key_file,
+        TLS_CERT_NAME: options.tls_cert_file,
+        TLS_KEY_NAME: options.tls_key_file,
+    }
+    out = []
+    for s in spec.secrets:
+        source = paths[s.name]
+        if source is None:  # the spec mounts only what the options name
+            raise ValueError(f"{spec.name}: no file for {s.name}")
+        out.append((s.name, source))
+    return tuple(out)
 
 
 def select(entries: Sequence[Entry], facts: HostFacts) -> Entry | None:
@@ -227,9 +256,11 @@ def plan_host(
     options: Options,
     *,
     units: bool = True,
+    secrets_root: str = SECRETS_DIR,
 ) -> HostPlan:
     """The host plan for one model (all its recipes, catalog order). units: render the unit
-    files (deploy, serve, doctor); a foreground run needs none."""
+    files (deploy, serve, doctor); a foreground run needs none. secrets_root: where the
+    operator's key and TLS files are installed for the container (a run: this machine's own)."""
     model = entries[0].recipe.model.hf_repo if entries else None
     entry = select(entries, facts)
     if entry is None:
@@ -268,7 +299,16 @@ def plan_host(
         )
     binary = engine_bin(facts, engine)
     podman = facts.engines.podman if facts.engines is not None else None
-    quadlet = units and engine == "podman" and podman is not None and podman.quadlet_supported
+    version = podman.version if podman is not None else None
+    # a quadlet older than 4.7 lacks keys the units need (PidsLimit=): the plain unit instead
+    quadlet = (
+        units
+        and engine == "podman"
+        and podman is not None
+        and podman.quadlet_supported
+        and (version is None or version >= QUADLET_KEYS_MIN_PODMAN)
+    )
+    heal = engine == "podman" and (version is None or version >= HEALTH_ON_FAILURE_MIN_PODMAN)
     instances: list[Instance] = []
     problem: str | None = None
     for ordinal, (name, port, gpu) in enumerate(lay.instances):
@@ -284,6 +324,12 @@ def plan_host(
             context=options.context,
             extra_args=options.extra_args,
             name=name,
+            api_key=options.api_key_file is not None,
+            tls=options.tls,
+            metrics=options.metrics,
+            pids_limit=options.pids_limit,
+            heal=heal,
+            secrets_root=secrets_root,
         )
         unit: UnitFile | None = None
         if units:

@@ -14,8 +14,15 @@ from tensorless_deploy.launch.spec import (
     HEALTH_RETRIES,
     HEALTH_STARTUP_INTERVAL_S,
     HEALTH_TIMEOUT_S,
+    TMPFS_DIRS,
     LaunchSpec,
 )
+
+# Podman versions that gate options: --health-on-failure (4.2); quadlet's keys for every option
+# here (HealthCmd=, HealthOnFailure=, Tmpfs= from 4.5, PidsLimit= from 4.7: read in quadlet.go
+# of each tag), so an older quadlet gets the plain unit, which spells them as podman flags.
+HEALTH_ON_FAILURE_MIN_PODMAN = (4, 2)
+QUADLET_KEYS_MIN_PODMAN = (4, 7)
 
 Kind = Literal[
     "health_cmd",
@@ -23,8 +30,13 @@ Kind = Literal[
     "health_timeout",
     "health_retries",
     "health_start_period",
+    "health_on_failure",
     "name",
     "network",
+    "user",
+    "read_only",
+    "tmpfs",
+    "pids_limit",
     "cap_drop",
     "no_new_privileges",
     "volume",
@@ -45,6 +57,7 @@ class Format:
     key: str | None  # None: no quadlet key (docker only)
     escape: Escape = "raw"
     quadlet_value: str | None = None  # the quadlet value when it differs from the flag's
+    joined: bool = False  # one run word, flag=value (a boolean flag: --read-only=true)
 
 
 FORMATS: dict[Kind, Format] = {
@@ -53,8 +66,13 @@ FORMATS: dict[Kind, Format] = {
     "health_timeout": Format("--health-timeout", "HealthTimeout"),
     "health_retries": Format("--health-retries", "HealthRetries"),
     "health_start_period": Format("--health-start-period", "HealthStartPeriod"),
+    "health_on_failure": Format("--health-on-failure", "HealthOnFailure"),
     "name": Format("--name", "ContainerName"),
     "network": Format("--network", "Network"),
+    "user": Format("--user", "User"),
+    "read_only": Format("--read-only", "ReadOnly", joined=True),
+    "tmpfs": Format("--tmpfs", "Tmpfs"),
+    "pids_limit": Format("--pids-limit", "PidsLimit"),
     "cap_drop": Format("--cap-drop", "DropCapability"),
     "no_new_privileges": Format("--security-opt", "NoNewPrivileges", quadlet_value="true"),
     "volume": Format("--volume", "Volume"),
@@ -67,17 +85,22 @@ FORMATS: dict[Kind, Format] = {
 QUADLET_ORDER: tuple[Kind, ...] = (
     "name",
     "network",
+    "user",
+    "read_only",
+    "tmpfs",
     "volume",
     "device",
     "env",
     "label",
     "cap_drop",
     "no_new_privileges",
+    "pids_limit",
     "health_cmd",
     "health_interval",
     "health_timeout",
     "health_retries",
     "health_start_period",
+    "health_on_failure",
 )
 
 
@@ -88,7 +111,12 @@ class Option:
 
 
 def health_command(spec: LaunchSpec) -> tuple[str, ...]:
-    return ("curl", "-fsS", spec.health_url)
+    """curl inside the container, bounded by its own --max-time: podman 5.4 does not end a
+    probe at HealthTimeout (seen: a stopped server held one for minutes, so it never turned
+    unhealthy). /health needs no API key. With TLS, -k: the probe goes to the container's own
+    loopback, carries nothing secret, and a certificate names the host, not 127.0.0.1."""
+    insecure = ("-k",) if spec.tls else ()
+    return ("curl", "-fsS", "--max-time", str(HEALTH_TIMEOUT_S), *insecure, spec.health_url)
 
 
 def container_options(spec: LaunchSpec, *, health: bool) -> tuple[Option, ...]:
@@ -103,13 +131,21 @@ def container_options(spec: LaunchSpec, *, health: bool) -> tuple[Option, ...]:
             Option("health_retries", str(HEALTH_RETRIES)),
             Option("health_start_period", f"{spec.start_timeout_s}s"),
         ]
+        if spec.heal and spec.engine == "podman":  # docker has no --health-on-failure
+            opts.append(Option("health_on_failure", "kill"))
     opts += [
         Option("name", spec.name),
         Option("network", "host"),
+        Option("user", spec.user),
+        Option("read_only", "true"),
+        *(Option("tmpfs", d) for d in TMPFS_DIRS),
         Option("cap_drop", "all"),
         Option("no_new_privileges", "no-new-privileges"),
-        Option("volume", f"{spec.model_path}:{spec.model_mount}:ro"),
     ]
+    if spec.pids_limit is not None:
+        opts.append(Option("pids_limit", str(spec.pids_limit)))
+    opts.append(Option("volume", f"{spec.model_path}:{spec.model_mount}:ro"))
+    opts += [Option("volume", s.volume) for s in spec.secrets]
     if spec.engine == "docker":
         if spec.gpu_uuids:
             # docker reads --gpus as one CSV record: several ids need the field quoted
@@ -127,7 +163,8 @@ def run_flags(options: tuple[Option, ...]) -> list[str]:
     """`podman run` / `docker run` flags, in order."""
     out: list[str] = []
     for o in options:
-        out += [FORMATS[o.kind].flag, o.value]
+        f = FORMATS[o.kind]
+        out += [f"{f.flag}={o.value}"] if f.joined else [f.flag, o.value]
     return out
 
 

@@ -20,7 +20,7 @@ from tensorless_deploy.launch.container import (
     quadlet_startup_keys,
     run_argv,
 )
-from tensorless_deploy.launch.spec import LaunchSpec
+from tensorless_deploy.launch.spec import RESTART_SEC, START_LIMIT_BURST, LaunchSpec
 
 QUADLET_DIR = "/etc/containers/systemd"
 SYSTEMD_DIR = "/etc/systemd/system"
@@ -174,6 +174,12 @@ def _key_lines(keys: list[tuple[str, str, Escape]]) -> list[str]:
     return [f"{key}={_ESCAPES[escape](value)}" for key, value, escape in keys]
 
 
+def _service_keys() -> dict[str, int]:
+    """Restart= with its pause, and the start limit that ends a crash loop (the unit is then
+    failed, NRestarts and Result say why): the same in both unit kinds."""
+    return {"restart_sec": RESTART_SEC, "start_limit_burst": START_LIMIT_BURST}
+
+
 def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> UnitFile:
     """A rootful quadlet .container (podman >= 4.4); Notify=healthy from podman 5."""
     _check_spec(spec)
@@ -186,7 +192,7 @@ def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> Un
     text = (
         _env()
         .get_template("quadlet.container.j2")
-        .render(spec=spec, digest=digest, container=_key_lines(keys))
+        .render(spec=spec, digest=digest, container=_key_lines(keys), **_service_keys())
     )
     return UnitFile(f"{QUADLET_DIR}/{spec.name}.container", text, f"{spec.name}.service", "quadlet")
 
@@ -198,6 +204,12 @@ def render_service(spec: LaunchSpec, *, digest: str, engine_bin: str) -> UnitFil
     text = (
         _env()
         .get_template("plain.service.j2")
-        .render(spec=spec, digest=digest, engine_bin=engine_bin, exec_start=exec_start)
+        .render(
+            spec=spec,
+            digest=digest,
+            engine_bin=engine_bin,
+            exec_start=exec_start,
+            **_service_keys(),
+        )
     )
     return UnitFile(f"{SYSTEMD_DIR}/{spec.name}.service", text, f"{spec.name}.service", "service")

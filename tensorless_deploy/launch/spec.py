@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tensorless_deploy.decisions.checks import EngineName, Tuning, threads_for, tuning
-from tensorless_deploy.decisions.options import address, reach_host
+from tensorless_deploy.decisions.options import DEFAULT_PIDS_LIMIT, address, reach_host
 from tensorless_deploy.facts.values import (
     LABEL_BIND,
     LABEL_CARD,
     LABEL_HEALTH,
     LABEL_MODEL,
     LABEL_PORT,
+    LABEL_PREFIX,
     LABEL_RECIPE_DIGEST,
     LABEL_TUNED,
 )
@@ -32,11 +33,37 @@ _PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
 # Loading reads the whole file; budget a slow disk (50 MB/s) on top of a fixed two minutes.
 START_TIMEOUT_BASE_S = 120
 START_TIMEOUT_BYTES_PER_S = 50_000_000
-# The health check: how often, how long one probe may take, how many failures make it unhealthy.
-HEALTH_INTERVAL_S = 30
+# The health check: how often, how long one probe may take, how many failures make it unhealthy;
+# unhealthy: killed and restarted (a hung server is found within about 3 x 10 s + 5 s, once the
+# start period, the start timeout, has passed).
+HEALTH_INTERVAL_S = 10
 HEALTH_TIMEOUT_S = 5
 HEALTH_RETRIES = 3
 HEALTH_STARTUP_INTERVAL_S = 1  # while loading, with Notify=healthy (podman 5)
+# A crash loop ends: at most this many starts within START_LIMIT_BURST x (the start timeout +
+# RESTART_SEC), so even starts that each fail only at their timeout are counted.
+RESTART_SEC = 10
+START_LIMIT_BURST = 5
+# The engine image contract (engine/README.md): llama-server runs as this plain user; the units
+# say so themselves, so an image that declares none (the CPU test image) runs as it too.
+ENGINE_UID = 10001
+ENGINE_GID = 10001
+# Where llama-server may write with a read-only root: nothing it needs (strace of a load and a
+# completion shows no write), a small tmpfs for libraries that want a temporary file.
+TMPFS_DIRS = ("/tmp",)
+# The operator's secrets on the host, one directory per unit (0700 root), each file root-owned
+# and readable by the engine's group only (0440 root:10001): what llama-server reads through
+# one read-only file mount each, at the same path in every container.
+SECRETS_DIR = "/etc/tensorless-deploy/secrets"
+SECRET_MOUNT_DIR = "/run/tensorless"
+SECRET_FILE_MODE = "440"
+API_KEY_NAME = "api-key"
+TLS_CERT_NAME = "tls.crt"
+TLS_KEY_NAME = "tls.key"
+# Labels beside facts.values' own (status reads them back from the unit or the container).
+LABEL_AUTH = f"{LABEL_PREFIX}.auth"  # "api-key": callers need the key; "none"
+LABEL_TLS = f"{LABEL_PREFIX}.tls"  # "true": https
+LABEL_METRICS = f"{LABEL_PREFIX}.metrics"  # "true": /metrics (with the key where one is set)
 
 
 UNIT_PREFIX = "tensorless-"
@@ -66,9 +93,32 @@ def start_timeout_s(recipe: Recipe) -> int:
     return START_TIMEOUT_BASE_S + recipe.model.size_bytes // START_TIMEOUT_BYTES_PER_S
 
 
-def health_url(bind: str, port: int) -> str:
+def scheme(tls: bool) -> str:
+    return "https" if tls else "http"
+
+
+def health_url(bind: str, port: int, tls: bool = False) -> str:
     """The /health URL a client on the same host polls for a server bound to bind:port."""
-    return f"http://{address(reach_host(bind), port)}/health"
+    return f"{scheme(tls)}://{address(reach_host(bind), port)}/health"
+
+
+def secrets_dir(name: str, root: str = SECRETS_DIR) -> str:
+    """The host directory of one unit's secrets."""
+    return posixpath.join(root, name)
+
+
+@dataclass(frozen=True)
+class Secret:
+    """One operator file llama-server reads: its name, where the host keeps it (installed by
+    operations.secrets), and where the container sees it (a read-only file mount)."""
+
+    name: str  # api-key, tls.crt, tls.key
+    host_path: str
+    mount: str
+
+    @property
+    def volume(self) -> str:
+        return f"{self.host_path}:{self.mount}:ro"
 
 
 def split_address(text: str) -> tuple[str, int] | None:
@@ -97,6 +147,12 @@ class LaunchSpec:
     labels: tuple[tuple[str, str], ...]
     tuning: Tuning
     start_timeout_s: int
+    user: str = f"{ENGINE_UID}:{ENGINE_GID}"
+    secrets: tuple[Secret, ...] = ()  # the API key, the TLS pair: file mounts, never values
+    tls: bool = False
+    metrics: bool = False
+    pids_limit: int | None = None  # None: none set by the tool (the engine's default)
+    heal: bool = True  # an unhealthy container is killed (podman --health-on-failure=kill)
 
     @property
     def address(self) -> str:
@@ -105,11 +161,19 @@ class LaunchSpec:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}"
+        return f"{scheme(self.tls)}://{self.address}"
 
     @property
     def health_url(self) -> str:
-        return health_url(self.bind, self.port)
+        return health_url(self.bind, self.port, self.tls)
+
+    @property
+    def api_key(self) -> bool:
+        return any(s.name == API_KEY_NAME for s in self.secrets)
+
+    @property
+    def start_limit_interval_s(self) -> int:
+        return START_LIMIT_BURST * (self.start_timeout_s + RESTART_SEC)
 
     @property
     def cdi_devices(self) -> tuple[str, ...]:
@@ -128,10 +192,33 @@ def build_launch_spec(
     context: int | None = None,
     extra_args: Sequence[str] = (),
     name: str | None = None,
+    api_key: bool = False,
+    tls: bool = False,
+    metrics: bool = False,
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
+    heal: bool = True,
+    secrets_root: str = SECRETS_DIR,
 ) -> LaunchSpec:
-    """The one way a recipe becomes a container, for deploy, serve and run alike."""
+    """The one way a recipe becomes a container, for deploy, serve and run alike. api_key and
+    tls say that the operator's key file / certificate pair is installed for this unit (under
+    secrets_root/NAME/); none of them changes what was measured, so none touches tuning."""
     threads = threads_for(recipe, cpus)
     tune = tuning(recipe, context, extra_args)
+    unit = name or unit_name(recipe)
+    where = secrets_dir(unit, secrets_root)
+    wanted = ([API_KEY_NAME] if api_key else []) + ([TLS_CERT_NAME, TLS_KEY_NAME] if tls else [])
+    secrets = tuple(
+        Secret(n, posixpath.join(where, n), posixpath.join(SECRET_MOUNT_DIR, n)) for n in wanted
+    )
+    mounts = {s.name: s.mount for s in secrets}
+    operator_args: list[str] = []
+    if api_key:
+        operator_args += ["--api-key-file", mounts[API_KEY_NAME]]
+    if tls:
+        operator_args += ["--ssl-cert-file", mounts[TLS_CERT_NAME]]
+        operator_args += ["--ssl-key-file", mounts[TLS_KEY_NAME]]
+    if metrics:
+        operator_args.append("--metrics")
     base = posixpath.basename(recipe.model.file)
     # The mount point appears raw in a quadlet Volume=: keep it to plain characters.
     mount = posixpath.join(MODEL_MOUNT_DIR, base if _PLAIN.fullmatch(base) else "model.gguf")
@@ -150,6 +237,7 @@ def build_launch_spec(
         str(threads),
         "-tb",
         str(threads),
+        *operator_args,
         *recipe.run.args,
         *extra_args,
     )
@@ -161,10 +249,13 @@ def build_launch_spec(
         (LABEL_BIND, bind),
         (LABEL_PORT, str(port)),
         (LABEL_TUNED, "true" if tune.tuned else "false"),
-        (LABEL_HEALTH, health_url(bind, port)),
+        (LABEL_HEALTH, health_url(bind, port, tls)),
+        (LABEL_AUTH, "api-key" if api_key else "none"),
+        (LABEL_TLS, "true" if tls else "false"),
+        (LABEL_METRICS, "true" if metrics else "false"),
     )
     return LaunchSpec(
-        name=name or unit_name(recipe),
+        name=unit,
         description=f"tensorless llama-server: {recipe.model.hf_repo} on {recipe.card.id}",
         engine=engine,
         image=recipe.engine.image,
@@ -178,4 +269,9 @@ def build_launch_spec(
         labels=labels,
         tuning=tune,
         start_timeout_s=start_timeout_s(recipe),
+        secrets=secrets,
+        tls=tls,
+        metrics=metrics,
+        pids_limit=pids_limit or None,
+        heal=heal,
     )

@@ -83,6 +83,10 @@ def write_inventory(
             "ssh_key": str(h.key),
             "ssh_known_hosts_file": str(h.known_hosts),
             "ssh_strict_host_key_checking": "yes",
+            # the nspawn guests' cgroup2 tree has no pids controller (the outer machine binds
+            # every controller to v1; their containers.conf says pids_limit = 0 too): a unit's
+            # --pids-limit would fail there ("controller `pids` is not available")
+            "tensorless_pids_limit": 0,
             **(data or {}).get(h.name, {}),
         }
         rows.append((h.name, host_data))
