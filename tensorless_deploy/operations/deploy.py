@@ -9,21 +9,24 @@ controller already made (the tool's own fleet runner, which surveyed every host 
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
+from pyinfra.operations.util import any_changed
 
 from tensorless_deploy.decisions.options import DATA_KEYS, Flags, resolve
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.pyinfra import HostSurvey
 from tensorless_deploy.facts.values import HostFacts
-from tensorless_deploy.hostplan.plan import HostPlan, plan_host
+from tensorless_deploy.hostplan.plan import HostPlan, plan_host, secret_sources
+from tensorless_deploy.launch.spec import secrets_dir
 from tensorless_deploy.operations.image import image
 from tensorless_deploy.operations.model import model as model_file
+from tensorless_deploy.operations.secrets import secrets, secrets_absent
 from tensorless_deploy.operations.unit import removed, serving, unit
 from tensorless_deploy.recipe.catalog import load_catalog
 
@@ -32,6 +35,10 @@ Steps = MutableMapping[str, dict[str, Any]]  # host -> step name -> OperationMet
 
 def _step(name: str, instance: int, count: int) -> str:
     return name if count == 1 else f"{name} {instance}"
+
+
+def _none_changed(*metas: Any) -> Callable[[], bool]:
+    return lambda: not any(m.did_change() for m in metas)
 
 
 @deploy("tensorless-deploy: serve a host plan")
@@ -79,6 +86,16 @@ def serve_plan(
     for inst in plan.instances:
         assert inst.unit is not None  # a serving plan renders its units
         path = inst.unit.path
+        where = secrets_dir(inst.name)
+        changes: list[Any] = []
+        if inst.spec.secrets:  # the key and TLS files first: the unit's mounts name them
+            installed = secrets(
+                name=f"secrets {inst.name}",
+                directory=where,
+                sources=secret_sources(plan.options, inst.spec),
+            )
+            metas[_step("secrets", inst.ordinal, count)] = installed
+            changes.append(installed)
         written = unit(
             name=f"unit {inst.name}",
             path=path,
@@ -86,13 +103,15 @@ def serve_plan(
             quadlet_bin=plan.quadlet_bin,
         )
         metas[_step("unit", inst.ordinal, count)] = written
+        changes.append(written)
+        # a new key (or certificate) restarts the instance even when the unit text is the same
         metas[_step("restart", inst.ordinal, count)] = serving(
             name=f"restart {inst.name} and /health",
             path=path,
             health_url=inst.spec.health_url,
             timeout_s=inst.spec.start_timeout_s,
             restart=True,
-            _if=written.did_change,
+            _if=any_changed(*changes),
         )
         metas[_step("serving", inst.ordinal, count)] = serving(
             name=f"{inst.name} running and /health",
@@ -100,8 +119,10 @@ def serve_plan(
             health_url=inst.spec.health_url,
             timeout_s=inst.spec.start_timeout_s,
             restart=False,
-            _if=written.did_not_change,
+            _if=_none_changed(*changes),
         )
+        if not inst.spec.secrets:  # a key or TLS files it had before: gone once it serves
+            secrets_absent(name=f"no secrets for {inst.name}", directory=where)
     for u in plan.surplus:  # instances the plan no longer has (the count went down)
         metas[f"remove {u.name}"] = removed(
             name=f"remove surplus instance {u.name}", service=u.name, paths=(u.path,)
