@@ -17,13 +17,27 @@ if TYPE_CHECKING:
     from tensorless_deploy.recipe.catalog import Entry
 
 
-def _target_url(url: str) -> tuple[str, int]:
+def _target_url(url: str) -> tuple[str, int, bool]:
+    """--url: (host, port, https)."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme != "http" or not parts.hostname:
-        raise UsageError(f"--url {url}: must be http://HOST:PORT")
-    return parts.hostname, parts.port or 80
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--url {url}: must be http://HOST:PORT or https://HOST:PORT")
+    secure = parts.scheme == "https"
+    return parts.hostname, parts.port or (443 if secure else 80), secure
+
+
+def _key_from(path: str | None, what: str) -> str | None:
+    """The key in an API key file on this machine (never printed), or None."""
+    from tensorless_deploy.decisions.options import api_key
+
+    if path is None:
+        return None
+    try:
+        return api_key(path)
+    except ValueError as exc:
+        raise UsageError(f"{what}: {exc}") from None
 
 
 def _result(
@@ -90,6 +104,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         receipt_toml,
         summarise,
         tcp,
+        tls_context,
     )
 
     catalog = catalog_from(args)
@@ -109,13 +124,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.inventory:
             targets = _inventory_targets(args, entry, cleanup, failed)
         else:
-            host, port = _target_url(args.url) if args.url else ("127.0.0.1", args.port)
-            targets = [(f"http://{host}:{port}", tcp(host, port), None, None)]
-        for name, connect, tuned, _ in targets:
+            host, port, secure = (
+                _target_url(args.url) if args.url else ("127.0.0.1", args.port, False)
+            )
+            key = _key_from(args.api_key_file, "--api-key-file")
             try:
-                summary = summarise(measure(connect, args.runs))
+                tls = tls_context(args.cacert) if secure else None
+            except OSError as exc:
+                raise UsageError(f"--cacert {args.cacert}: {exc.strerror or exc}") from None
+            scheme = "https" if secure else "http"
+            targets = [(f"{scheme}://{host}:{port}", tcp(host, port, tls=tls), None, key)]
+        for name, connect, tuned, key in targets:
+            try:
+                summary = summarise(measure(connect, args.runs, api_key=key))
             except BenchError as exc:
-                failed.append(f"{name}: {exc.message}")
+                failed.append(f"{name}: {exc.lines()[0]}")
                 continue
             results.append(_result(name, entry, summary, tuned, args))
             if args.receipt:
@@ -154,14 +177,14 @@ def _inventory_targets(
 ) -> list[Target]:
     """One target per host serving the recipe, each through an SSH direct-tcpip channel to the
     host's own 127.0.0.1 (or its bind address): the API never has to listen on the network."""
-    from tensorless_deploy.decisions.options import DEFAULT_BIND, address, reach_host
+    from tensorless_deploy.decisions.options import DEFAULT_BIND, Flags, address, reach_host
     from tensorless_deploy.facts.pyinfra import DeployedUnits
     from tensorless_deploy.facts.values import LABEL_BIND, LABEL_PORT, LABEL_TUNED
     from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
-    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.inventory import load_inventory, options_for, select_hosts
     from tensorless_deploy.fleet.status import model_units
-    from tensorless_deploy.launch.spec import unit_name
-    from tensorless_deploy.local.bench import over_channel
+    from tensorless_deploy.launch.spec import LABEL_TLS, unit_name
+    from tensorless_deploy.local.bench import over_channel, tls_context
 
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])
@@ -174,6 +197,9 @@ def _inventory_targets(
         if isinstance(units, str):
             failed.append(f"{host.name}: {units}")
             continue
+        # the key the host was given (tensorless_api_key_file), read here, sent by this client
+        options = options_for(host, Flags())
+        key = _key_from(options.api_key_file, f"{host.name}: tensorless_api_key_file")
         instances = model_units(units, [entry])
         if not instances:
             failed.append(f"{host.name}: {want} is not deployed here")
@@ -187,13 +213,16 @@ def _inventory_targets(
             port = int(port_text)
             bind = reach_host(labels.get(LABEL_BIND, DEFAULT_BIND))
             tuned = {"true": True, "false": False}.get(labels.get(LABEL_TUNED, ""))
+            # https inside the SSH channel: the host key vouches for the other end, and the
+            # certificate names the host, not its loopback
+            tls = tls_context(verify=False) if labels.get(LABEL_TLS) == "true" else None
             transport = host.connector.client.get_transport()
 
             def channel(t: Any = transport, b: str = bind, p: int = port) -> Any:
                 return t.open_channel("direct-tcpip", (b, p), ("127.0.0.1", 0), timeout=10)
 
             where = f"{host.name} {unit.name} ({address(bind, port)} over ssh)"
-            targets.append((where, over_channel(channel), tuned, None))
+            targets.append((where, over_channel(channel, tls), tuned, key))
     return targets
 
 
@@ -210,7 +239,18 @@ def register(command: Command) -> None:
         metavar="INVENTORY",
         help="every inventory host serving MODEL, through SSH",
     )
-    where.add_argument("--url", metavar="URL", help="a server at http://HOST:PORT")
+    where.add_argument("--url", metavar="URL", help="a server at http://HOST:PORT (or https://)")
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="send the key in FILE (local or --url; with -i the inventory's "
+        "tensorless_api_key_file)",
+    )
+    p.add_argument(
+        "--cacert",
+        metavar="FILE",
+        help="with an https --url: the CA (or self-signed cert) to trust",
+    )
     p.add_argument("--port", type=int, default=8080, metavar="N", help="local port (8080)")
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
     p.add_argument("--card", metavar="ID", help="the card's recipe (default: the model's first)")

@@ -24,6 +24,7 @@ from tensorless_deploy.errors import UsageError
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
+    from tensorless_deploy.decisions.options import Flags
     from tensorless_deploy.hostplan.plan import HostPlan
     from tensorless_deploy.recipe.schema import Recipe
 
@@ -39,11 +40,12 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     from tensorless_deploy.hostplan.plan import plan_host, select, with_preview_card
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.facts import local_facts
+    from tensorless_deploy.local.run import local_secrets_root
 
     catalog = catalog_from(args)
     card = getattr(args, "card", None)
     entries = [catalog.card(args.model, card)] if card else catalog.find(args.model)
-    flags = flags_from(args, **RUN_FLAG_NAMES)
+    flags = _operator_flags(args, flags_from(args, **RUN_FLAG_NAMES))
     cache = cache_dir()
     # the Hub cache is where huggingface_hub puts it, whatever its path: not an operator option;
     # a foreground run is one instance: the card --gpu names, else the first that matches
@@ -56,7 +58,7 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     if dry and card and (facts.gpus.state != "ok" or select(entries, facts) is None):
         # a preview of the card's recipe on a machine without that card
         facts = with_preview_card(facts, entries[0].recipe)
-    plan = plan_host(HERE, facts, entries, options, units=False)
+    plan = plan_host(HERE, facts, entries, options, units=False, secrets_root=local_secrets_root())
     if plan.recipe is None:
         raise Refused(args.model, plan.failed())
     refusal = state_refusal(plan.recipe, "dry_run" if dry else "run", options.allow_draft)
@@ -65,6 +67,22 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     if plan.blocking(dry) or not plan.instances:
         raise Refused(f"{plan.recipe.model.hf_repo} on {plan.recipe.card.id}", plan.failed())
     return plan
+
+
+def _operator_flags(args: argparse.Namespace, flags: Flags) -> Flags:
+    """run's own flags for the key, TLS and metrics (deploy takes them from the inventory)."""
+    from tensorless_deploy.decisions.options import check_flags
+
+    return check_flags(
+        dataclasses.replace(
+            flags,
+            api_key_file=getattr(args, "api_key_file", None),
+            insecure_open=True if getattr(args, "insecure_open", False) else None,
+            tls_cert_file=getattr(args, "tls_cert_file", None),
+            tls_key_file=getattr(args, "tls_key_file", None),
+            metrics=True if getattr(args, "metrics", False) else None,
+        )
+    )
 
 
 def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
@@ -87,6 +105,10 @@ def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
                 "server_args": list(spec.server_args),
                 "address": spec.address,
                 "url": spec.url,
+                "health_url": spec.health_url,
+                "api_key_file": plan.options.api_key_file,  # the path only, never the key
+                "tls": spec.tls,
+                "metrics": spec.metrics,
                 "tuned": spec.tuning.tuned,
                 "untuned_reasons": list(spec.tuning.reasons),
                 "command": command,
@@ -113,6 +135,8 @@ def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
         )
     print("env       " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env))
     print(f"address   {spec.url}")
+    if plan.options.api_key_file:
+        print(f"api key   required; from {plan.options.api_key_file} (/health needs none)")
     print("command   " + shlex.join(command))
     if not spec.tuning.tuned:
         print(untuned_line(spec.tuning.reasons), file=sys.stderr)
@@ -146,7 +170,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    return run_foreground(spec, plan.engine_bin, on_healthy=healthy)
+    from tensorless_deploy.hostplan.plan import secret_sources
+
+    sources = secret_sources(plan.options, spec)
+    return run_foreground(spec, plan.engine_bin, on_healthy=healthy, sources=sources)
 
 
 def _fetch(recipe: Recipe, cache: str) -> tuple[Any, int]:
@@ -218,7 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     catalog = catalog_from(args)
     catalog.find(args.model)
-    flags = flags_from(args, **RUN_FLAG_NAMES)
+    flags = _operator_flags(args, flags_from(args, **RUN_FLAG_NAMES))
     inventory = load_inventory(None, local=True)
     dry = args.dry_run
     request = DeployRequest(args.model, flags, dry, None if dry else token(), "pull", local=True)
@@ -230,7 +257,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def _local_flags(p: argparse.ArgumentParser, server: bool) -> None:
+def _local_flags(p: argparse.ArgumentParser, server: bool, run: bool = False) -> None:
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
     p.add_argument(
@@ -247,6 +274,20 @@ def _local_flags(p: argparse.ArgumentParser, server: bool) -> None:
             "--context", type=int, metavar="N", help="context instead of the recipe's (untuned)"
         )
         p.set_defaults(takes_extra=True)
+    if server and run:
+        p.add_argument(
+            "--api-key-file",
+            metavar="FILE",
+            help="callers must send the key in FILE (one line; /health needs none)",
+        )
+        p.add_argument(
+            "--insecure-open",
+            action="store_true",
+            help="allow a non-loopback --host without an API key",
+        )
+        p.add_argument("--tls-cert-file", metavar="FILE", help="serve https with this PEM cert")
+        p.add_argument("--tls-key-file", metavar="FILE", help="... and this PEM private key")
+        p.add_argument("--metrics", action="store_true", help="llama-server's /metrics (tuned)")
     recipes_flag(p)
 
 
@@ -257,7 +298,7 @@ def register(command: Command) -> None:
         "(extra llama-server args after --, untuned)",
         cmd_run,
     )
-    _local_flags(p, server=True)
+    _local_flags(p, server=True, run=True)
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -279,5 +320,5 @@ def register(command: Command) -> None:
     p = command(
         "serve", "serve a recipe always-on on this machine: the deploy path, locally", cmd_serve
     )
-    _local_flags(p, server=True)
+    _local_flags(p, server=True, run=True)
     dry_run_flag(p)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import ssl
 import statistics
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,14 +130,29 @@ def parse_timings(body: bytes) -> Sample:
         raise BenchError(f"the server's answer has no usable timings ({exc})") from exc
 
 
-def _post(connect: Connect, path: str, body: dict[str, Any], timeout: float) -> bytes:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """What an OpenAI-compatible client of a keyed server sends (llama-server --api-key-file);
+    /health needs none."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _post(
+    connect: Connect, path: str, body: dict[str, Any], timeout: float, api_key: str | None = None
+) -> bytes:
     conn = connect()
     conn.timeout = timeout
     try:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         conn.request("POST", path, body=json.dumps(body), headers=headers)
         resp = conn.getresponse()
         data = resp.read()
+        if resp.status == 401:
+            raise BenchError(
+                f"POST {path}: HTTP 401: the server wants an API key"
+                + (" and refused this one" if api_key else ""),
+                fix="pass the server's key file: --api-key-file FILE (with -i: "
+                "tensorless_api_key_file in the inventory)",
+            )
         if resp.status != 200:
             raise BenchError(f"POST {path}: HTTP {resp.status}: {data[:200]!r}")
         return data
@@ -158,30 +175,82 @@ def health(connect: Connect) -> int:
         conn.close()
 
 
-def measure(connect: Connect, runs: int, timeout: float = 600) -> list[Sample]:
-    """Warm-up, then `runs` measured completions; an unhealthy server is refused up front."""
+def measure(
+    connect: Connect, runs: int, timeout: float = 600, api_key: str | None = None
+) -> list[Sample]:
+    """Warm-up, then `runs` measured completions; an unhealthy server is refused up front.
+    api_key: sent with every completion (the health check goes without)."""
     code = health(connect)
     if code != 200:
         state = "not answering" if code == 0 else f"HTTP {code} on /health"
         raise BenchError(f"the server is {state}; start it (run, serve or deploy) and retry")
     warm = payload() | {"n_predict": 16}
-    _post(connect, "/completion", warm, timeout)
-    return [parse_timings(_post(connect, "/completion", payload(), timeout)) for _ in range(runs)]
+    _post(connect, "/completion", warm, timeout, api_key)
+    return [
+        parse_timings(_post(connect, "/completion", payload(), timeout, api_key))
+        for _ in range(runs)
+    ]
 
 
-def tcp(host: str, port: int, timeout: float = 10) -> Connect:
+def tls_context(cafile: str | None = None, *, verify: bool = True) -> ssl.SSLContext:
+    """A client context: verified against cafile (or the system's CAs); verify=False only for a
+    server reached through an SSH channel, whose host key already vouches for the other end."""
+    context = ssl.create_default_context(cafile=cafile)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def tcp(host: str, port: int, timeout: float = 10, tls: ssl.SSLContext | None = None) -> Connect:
+    if tls is not None:
+        return lambda: http.client.HTTPSConnection(host, port, timeout=timeout, context=tls)
     return lambda: http.client.HTTPConnection(host, port, timeout=timeout)
 
 
-def over_channel(open_channel: Callable[[], socket.socket]) -> Connect:
-    """HTTP over an already-open stream (an SSH direct-tcpip channel)."""
+def over_channel(
+    open_channel: Callable[[], socket.socket], tls: ssl.SSLContext | None = None
+) -> Connect:
+    """HTTP (or, with tls, HTTPS) over an already-open stream (an SSH direct-tcpip channel)."""
 
     def connect() -> http.client.HTTPConnection:
         conn = http.client.HTTPConnection("127.0.0.1")
-        conn.sock = open_channel()
+        channel = open_channel()
+        if tls is None:
+            conn.sock = channel
+        else:  # ssl wraps only a real socket: a socket pair, pumped to and from the channel
+            conn.sock = tls.wrap_socket(_socket_for(channel), server_hostname=None)
         return conn
 
     return connect
+
+
+def _socket_for(channel: Any) -> socket.socket:
+    """A real socket whose other end is relayed to and from ``channel`` by a daemon thread."""
+    mine, theirs = socket.socketpair()
+
+    def pump() -> None:
+        import select
+
+        try:
+            while True:
+                ready, _, _ = select.select([theirs, channel], [], [], 60)
+                if not ready:
+                    continue
+                for src, dst in ((theirs, channel), (channel, theirs)):
+                    if src in ready:
+                        data = src.recv(65536)
+                        if not data:
+                            return
+                        dst.sendall(data)
+        except OSError:
+            return
+        finally:
+            theirs.close()
+            channel.close()
+
+    threading.Thread(target=pump, daemon=True).start()
+    return mine
 
 
 def receipt_toml(summary: Summary, image: str, card: str, date: str, tuned: bool | None) -> str:

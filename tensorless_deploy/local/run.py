@@ -4,17 +4,29 @@ it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import posixpath
 import shutil
 import signal
+import ssl
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
+from tensorless_deploy.decisions.options import api_key_text, pem_text
 from tensorless_deploy.launch.container import run_argv
-from tensorless_deploy.launch.spec import LaunchSpec
+from tensorless_deploy.launch.spec import (
+    API_KEY_NAME,
+    ENGINE_GID,
+    TLS_CERT_NAME,
+    TLS_KEY_NAME,
+    LaunchSpec,
+)
 from tensorless_deploy.local.fetch import LocalError
 
 HEALTH_POLL_S = 0.1
@@ -51,9 +63,80 @@ def container_argv(spec: LaunchSpec, engine: str) -> list[str]:
     return run_argv(spec, engine, health=False)
 
 
-def health_status(url: str) -> int:
+def local_secrets_root() -> str:
+    """Where a foreground run stages the operator's key and TLS files for its container: a
+    directory only this user can enter (root: /run/tensorless/run, a tmpfs; others: their
+    XDG_RUNTIME_DIR, else ~/.cache), removed again when the run ends."""
+    if os.geteuid() == 0:
+        return "/run/tensorless/run"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = runtime if runtime and os.path.isdir(runtime) else os.path.expanduser("~/.cache")
+    return posixpath.join(base, "tensorless", "run")
+
+
+_READERS: dict[str, Callable[[str], str]] = {
+    API_KEY_NAME: api_key_text,
+    TLS_CERT_NAME: lambda p: pem_text(p, "certificate"),
+    TLS_KEY_NAME: lambda p: pem_text(p, "private key"),
+}
+
+
+@contextlib.contextmanager
+def staged_secrets(spec: LaunchSpec, sources: Sequence[tuple[str, str]]) -> Iterator[None]:
+    """The spec's secret files, copied from the operator's (sources: name -> path here) into
+    the unit's private directory for the container's read-only mounts, and removed after. As
+    root each copy is root:10001 0440 (the engine's group reads it); as another user (rootless
+    podman maps the container's users elsewhere) 0444, in a 0700 directory of this user's:
+    only the container, through its file mount, can reach it."""
+    if not spec.secrets:
+        yield
+        return
+    where = posixpath.dirname(spec.secrets[0].host_path)
+    root = posixpath.dirname(where)
+    old = os.umask(0o077)
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        for d in (root, where):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700)
+        by_name = dict(sources)
+        for secret in spec.secrets:
+            try:
+                content = _READERS[secret.name](by_name[secret.name])
+            except (KeyError, ValueError) as exc:
+                raise LocalError(f"{secret.name}: {exc}") from None
+            fd, tmp = tempfile.mkstemp(dir=where, prefix=".secret.")
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(content)
+            if os.geteuid() == 0:
+                os.chown(tmp, 0, ENGINE_GID)
+                os.chmod(tmp, 0o440)
+            else:
+                os.chmod(tmp, 0o444)
+            os.replace(tmp, secret.host_path)
+    except OSError as exc:
+        shutil.rmtree(where, ignore_errors=True)
+        raise LocalError(
+            f"cannot stage the secrets in {where}: {exc.strerror or exc}",
+            fix="run as root, or as a user with a writable XDG_RUNTIME_DIR",
+        ) from None
+    finally:
+        os.umask(old)
+    try:
+        yield
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def health_status(url: str) -> int:
+    """/health's status (0: no answer). https: the server's own loopback, unverified (the
+    certificate names the host, not 127.0.0.1; nothing secret is sent)."""
+    context = None
+    if url.startswith("https:"):
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -61,9 +144,21 @@ def health_status(url: str) -> int:
         return 0
 
 
-def run_foreground(spec: LaunchSpec, engine: str, *, on_healthy: Callable[[float], None]) -> int:
+def run_foreground(
+    spec: LaunchSpec,
+    engine: str,
+    *,
+    on_healthy: Callable[[float], None],
+    sources: Sequence[tuple[str, str]] = (),
+) -> int:
     """Start the container in the foreground, wait for /health (503 and a refused connection
-    mean loading), report, and on Ctrl-C or SIGTERM stop and remove it; one signal is enough."""
+    mean loading), report, and on Ctrl-C or SIGTERM stop and remove it; one signal is enough.
+    sources: the operator's key and TLS files (name, path here), staged for the run only."""
+    with staged_secrets(spec, sources):
+        return _run_foreground(spec, engine, on_healthy)
+
+
+def _run_foreground(spec: LaunchSpec, engine: str, on_healthy: Callable[[float], None]) -> int:
     proc = subprocess.Popen(container_argv(spec, engine), start_new_session=True)
     stopping = False
 
