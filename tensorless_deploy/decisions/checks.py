@@ -13,9 +13,13 @@ from typing import Literal
 from tensorless_deploy.decisions.options import (
     DATA_API_KEY_FILE,
     DATA_INSECURE_OPEN,
+    DATA_TLS_CERT_FILE,
+    DATA_TLS_KEY_FILE,
     EngineChoice,
     Options,
     address,
+    api_key_text,
+    pem_text,
 )
 from tensorless_deploy.facts.values import Gpu, HostFacts
 from tensorless_deploy.recipe.schema import Recipe
@@ -554,6 +558,50 @@ def api_check(options: Options, ports: Sequence[int] | None = None) -> list[Chec
     ]
 
 
+def secret_file_checks(options: Options) -> list[Check]:
+    """The operator's key and TLS files, read and checked on this machine (the controller)
+    before anything is installed: what fails names the file and why, never its content."""
+    checks = []
+    if options.api_key_file is not None:
+        try:
+            api_key_text(options.api_key_file)
+            checks.append(Check("api.key_file", "ok", f"{options.api_key_file}: one key"))
+        except ValueError as exc:
+            checks.append(
+                Check(
+                    "api.key_file",
+                    "fail",
+                    str(exc),
+                    f"write one key to that file (openssl rand -hex 32 > FILE), or point "
+                    f"{DATA_API_KEY_FILE} (run: --api-key-file) at the right one",
+                )
+            )
+    if options.tls_cert_file is not None and options.tls_key_file is not None:
+        problems = []
+        for path, kind in (
+            (options.tls_cert_file, "certificate"),
+            (options.tls_key_file, "private key"),
+        ):
+            try:
+                pem_text(path, kind)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            checks.append(
+                Check(
+                    "api.tls_files",
+                    "fail",
+                    "; ".join(problems),
+                    f"point {DATA_TLS_CERT_FILE} and {DATA_TLS_KEY_FILE} (run: --tls-cert-file, "
+                    "--tls-key-file) at a PEM certificate and its private key",
+                )
+            )
+        else:
+            seen = f"{options.tls_cert_file} and {options.tls_key_file}: PEM"
+            checks.append(Check("api.tls_files", "ok", seen))
+    return checks
+
+
 def _servable(
     facts: HostFacts, recipe: Recipe | None, catalog: Sequence[tuple[str, Recipe]]
 ) -> tuple[str, ...]:
@@ -596,6 +644,7 @@ def host_verdict(
     if facts.source == "inventory":
         # offline: inventory data says only what the GPUs are; the rest is unknown, not failed
         return Verdict(tuple(checks), match, None, _servable(facts, recipe, catalog))
+    checks += secret_file_checks(options)
     engine_checks, engine = _engine_checks(facts, options)
     checks += engine_checks
     if facts.gpus.state == "ok":
