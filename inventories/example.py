@@ -20,6 +20,18 @@ tensorless-deploy serves on it, each with its default:
                                                           for `prepare`: its package repository
                                                           (or a mirror with the same layout)
     tensorless_toolkit_key   "<repo>/gpgkey"             for `prepare`: the repository's key
+    tensorless_api_key_file  (none)                      a file ON THIS MACHINE holding one API
+                                                          key (openssl rand -hex 32 > api.key);
+                                                          callers send "Authorization: Bearer
+                                                          KEY", /health needs none; installed
+                                                          on the host for root only
+    tensorless_insecure_open  False                      True: a bind beyond 127.0.0.1 without
+                                                          a key (refused otherwise)
+    tensorless_tls_cert_file  (none)                     PEM certificate and key on this
+    tensorless_tls_key_file   (none)                      machine: llama-server serves https
+    tensorless_metrics      False                         llama-server's /metrics (with the key)
+    tensorless_pids_limit   4096                          the container's pids limit; 0: none
+                                                          (hosts whose cgroups lack pids)
 
 Use it with:  tensorless-deploy doctor -i inventories/example.py [MODEL]
               tensorless-deploy prepare -i inventories/example.py --dry-run
@@ -40,6 +52,9 @@ h200_servers = [
             "ssh_user": "ubuntu",
             "_sudo": True,
             "tensorless_bind": "0.0.0.0",
+            # beyond loopback the API needs a key: this file on the controller, never the key
+            "tensorless_api_key_file": "~/.config/tensorless/h200-a.key",
+            "tensorless_metrics": True,
             "tensorless_models_dir": "/srv/models",
             "tensorless_toolkit_version": "1.17.8-1",  # what `prepare` installs, pinned
             # What `plan --offline` assumes before the host is reachable:
