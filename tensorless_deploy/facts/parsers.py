@@ -609,10 +609,28 @@ def parse_blob_state(text: str) -> BlobState:
 _LABEL_LINE = re.compile(r'(?:Label=|--label" ")"?(io\.tensorless\.[a-z-]+)=([^"\s]*)')
 
 
+# systemd's Result values of a service (systemd.service(5), org.freedesktop.systemd1.Service):
+# none of them is also a SubState, so the @@systemd line's words tell themselves apart
+SERVICE_RESULTS = frozenset(
+    (
+        "success",
+        "protocol",
+        "timeout",
+        "exit-code",
+        "signal",
+        "core-dump",
+        "watchdog",
+        "start-limit-hit",
+        "resources",
+        "oom-kill",
+    )
+)
+
+
 def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
-    """Blocks of ``@@unit NAME KIND PATH``, ``@@active``, ``@@systemd NRESTARTS RESULT SUBSTATE``,
-    ``@@sha FILE [WRITTEN]``, ``@@prev SHA``, ``@@text LINE``..., ``@@inspect JSON``,
-    ``@@health CODE`` (facts/scripts/deployed-units.sh)."""
+    """Blocks of ``@@unit NAME KIND PATH``, ``@@active``, ``@@systemd`` (NRestarts, Result and
+    SubState, in any order), ``@@sha FILE [WRITTEN]``, ``@@prev SHA``, ``@@text LINE``...,
+    ``@@inspect JSON``, ``@@health CODE`` (facts/scripts/deployed-units.sh)."""
     units: list[DeployedUnit] = []
     cur: dict[str, Any] | None = None
     lines: list[str] = []
@@ -646,13 +664,16 @@ def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
         elif line.startswith("@@active "):
             cur["active"] = line.split(" ", 1)[1].strip() or "unknown"
         elif line.startswith("@@systemd "):
-            parts = line.split()[1:]
-            if parts and parts[0].isdigit():
-                cur["restarts"] = int(parts[0])
-            if len(parts) > 1:
-                cur["result"] = parts[1]
-            if len(parts) > 2:
-                cur["sub_state"] = parts[2]
+            # `systemctl show --value -p NRestarts -p Result -p SubState` prints the values in
+            # systemd's own order (Result first on systemd 252 and 257), not the order asked:
+            # each is told by its form
+            for word in line.split()[1:]:
+                if word.isdigit():
+                    cur["restarts"] = int(word)
+                elif word in SERVICE_RESULTS:
+                    cur["result"] = word
+                else:
+                    cur["sub_state"] = word
         elif line.startswith("@@sha "):
             parts = line.split()[1:]
             cur["sha256"] = parts[0] if parts else None
