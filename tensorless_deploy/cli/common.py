@@ -153,7 +153,9 @@ def print_results(results: Sequence[HostResult], verbose: int) -> None:
         if r.card:
             head += f"  {r.recipe}"
         if r.address and r.ok:
-            head += f"  serving on {r.address}"
+            # a dry run's "no change" host serves there already; "would change" only would
+            verb = "would serve on" if r.outcome == "would change" else "serving on"
+            head += f"  {verb} {r.address}"
         print(head)
         if r.transfer and r.transfer.startswith("push"):
             print(f"  transfer: {r.transfer}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tensorless_deploy.cli.common import (
@@ -22,6 +22,59 @@ from tensorless_deploy.errors import UsageError
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
     from tensorless_deploy.fleet.deploy import HostResult
+
+
+RESTORED = "restored the previous unit; it is healthy again"  # operations/scripts/unit-activate.sh
+NOT_RESTORED = ("restored the previous unit, but it is not healthy either", "removed the new unit")
+
+
+def after_run(r: HostResult, dry: bool) -> str | None:
+    """What serves MODEL on this host after the run, as far as its result says: "new" (the run
+    left its units healthy, health-gated; with --dry-run: would), "previous" (its new unit
+    failed and the previous one was restored healthy), None (nothing does, or the host could
+    not be reached), "?" (the result cannot say: refused by preflight, failed before any unit
+    changed, left untouched by a stopped roll: what was there may still serve)."""
+    if r.ok:
+        return "new"
+    if dry:
+        return None
+    lines = [line for s in r.steps for line in s.output]
+    if any(RESTORED in line for line in lines):
+        return "previous"
+    if any(any(x in line for x in NOT_RESTORED) for line in lines):
+        return None
+    if r.outcome == "failed" and r.recipe_digest is None and r.transfer is None:
+        return None  # the survey itself failed: unreachable, or its facts unreadable
+    return "?"
+
+
+def serving_after(
+    results: Sequence[HostResult], dry: bool, survey: Callable[[list[str]], dict[str, str | None]]
+) -> dict[str, str | None]:
+    """Per host, what serves after the run: the result's word where it has one, else what a
+    survey after the run finds (a healthy unit of MODEL: "previous"; none: None)."""
+    out = {r.host: after_run(r, dry) for r in results}
+    unknown = [h for h, v in out.items() if v == "?"]
+    if unknown:
+        found = survey(unknown)
+        for h in unknown:
+            out[h] = "previous" if found.get(h) else None
+    return out
+
+
+def summary(results: Sequence[HostResult], serving: dict[str, str | None], dry: bool) -> str:
+    """The last line: how many hosts serve MODEL after the run (with --dry-run: would)."""
+    bad = [r.host for r in results if not r.ok]
+    now = [r.host for r in results if serving.get(r.host)]
+    previous = [h for h in now if serving[h] == "previous"]
+    line = f"{len(now)} of {len(results)} host(s) " + ("would serve" if dry else "serving")
+    if previous:
+        line += f" ({', '.join(previous)} on the unit{'s' * (len(previous) > 1)} " + (
+            "it had before)" if len(previous) == 1 else "they had before)"
+        )
+    if bad:
+        line += f"; failed or skipped: {', '.join(bad)}"
+    return line
 
 
 def print_roll(results: Sequence[HostResult], serving: dict[str, str | None]) -> None:
@@ -76,9 +129,21 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     else:
         results = deploy(inventory, hosts, catalog, request)
         serving = {}
+    by_name = {h.name: h for h in hosts}
+
+    def survey(names: list[str]) -> dict[str, str | None]:
+        # after a roll every host was surveyed already; else only the hosts whose result
+        # cannot say what serves there now (one read-only round trip more, in parallel)
+        if serving:
+            return {n: serving.get(n) for n in names}
+        return serving_digests(inventory, [by_name[n] for n in names], catalog, args.model)
+
+    after = serving_after(results, args.dry_run, survey)
     if args.json:
         rows = [
-            result_json(r) | ({"serving_digest": serving.get(r.host)} if serving else {})
+            result_json(r)
+            | {"serving": after.get(r.host)}
+            | ({"serving_digest": serving.get(r.host)} if serving else {})
             for r in results
         ]
         emit_json({"ok": all(r.ok for r in results), "hosts": rows})
@@ -89,12 +154,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 print_unit_diff(r)
         if serving:
             print_roll(results, serving)
-        bad = [r.host for r in results if not r.ok]
-        print(
-            f"{len(results) - len(bad)} of {len(results)} host(s) serving"
-            + (f"; failed or skipped: {', '.join(bad)}" if bad else ""),
-            file=sys.stderr,
-        )
+        print(summary(results, after, args.dry_run), file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1
 
 
