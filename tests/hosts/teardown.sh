@@ -3,7 +3,8 @@
 # plumbing:
 #   [TL_SET=S] bash tests/hosts/teardown.sh
 # Stops: the set's hosts (SIGTERM = clean poweroff of the guest; persist1's supervisor passes it
-# on), its registry, any other process whose pid file is in BASE/run. Removes: the set's
+# on), its registry, any other process whose pid file is in BASE/run (the playground's model
+# server among them). Removes: the set's
 # namespaces (and their veths), its bridge, the per-boot state (BASE/hosts/*, persist1's root
 # included), hosts.json. Keeps for reuse: the shared rootfs trees and engine image tar, registry
 # data, keys, the tiny GGUF. Never touches another set (names and BASE from `harness.py plan`).
@@ -69,7 +70,8 @@ if [ -n "$(set_veths)" ]; then echo "teardown: LEFT links: $(set_veths | xargs)"
 if ip link show "$BRIDGE" >/dev/null 2>&1; then echo "teardown: LEFT bridge $BRIDGE" >&2; left=1; fi
 if [ -n "$(under_base)" ]; then echo "teardown: LEFT mounts: $(under_base | xargs)" >&2; left=1; fi
 # the set's processes name its BASE: nspawn binds BASE/hosts/NAME/..., the registry its config
-for pat in "systemd-nspawn .*$BASE/hosts/" "supervise.sh .*$BASE/hosts/" "docker-registry serve $BASE/registry/"; do
+# the playground's model server (tests/hosts/playground.sh) binds the set's gateway
+for pat in "systemd-nspawn .*$BASE/hosts/" "supervise.sh .*$BASE/hosts/" "docker-registry serve $BASE/registry/" "hf_server.py --host $GW "; do
   if pgrep -f -- "$pat" >/dev/null; then echo "teardown: LEFT processes: $(pgrep -af -- "$pat")" >&2; left=1; fi
 done
 [ $left = 0 ] && echo "teardown: set $TL_SET clean (kept the shared rootfs trees and engine image tar, registry data, keys under $BASE)"
