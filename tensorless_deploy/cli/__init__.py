@@ -1,7 +1,8 @@
 """The command line: parses, calls the layers below, prints; no decision of its own.
 
 Each command module registers its own subcommands (``register``) and keeps heavy imports
-(pyinfra, huggingface_hub, gguf) inside its handlers, so ``models`` and ``info`` stay fast.
+(pyinfra, huggingface_hub, gguf, pydantic) inside its handlers, and a command line builds only
+the parsers of the module its command lives in, so ``models`` and ``info`` stay fast.
 """
 
 from __future__ import annotations
@@ -29,6 +30,28 @@ COMMAND_MODULES = (
     "bench",
     "export",
 )
+# Which module registers each command: a run of one command imports and builds only that
+# module's parsers (start-up time); --help, no command or an unknown one build them all.
+# tests/test_cli_startup.py checks the table against what each module registers.
+COMMANDS = {
+    "check": "catalog",
+    "models": "catalog",
+    "info": "catalog",
+    "doctor": "doctor",
+    "prepare": "prepare",
+    "plan": "plan",
+    "deploy": "deploy",
+    "run": "run",
+    "pull": "run",
+    "serve": "run",
+    "status": "status",
+    "logs": "status",
+    "stop": "status",
+    "rollback": "status",
+    "prune": "status",
+    "bench": "bench",
+    "export": "export",
+}
 
 
 def _common(p: argparse.ArgumentParser, top: bool) -> None:
@@ -52,7 +75,21 @@ class ToolParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", fix=f"see {self.prog} --help")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_module(words: Sequence[str]) -> str | None:
+    """The one module a command line needs: its first word that is no option names a command
+    (the top-level options take no value); None: build every command (help, errors)."""
+    for word in words:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return COMMANDS.get(word)
+        if word in ("-h", "--help", "--version"):
+            return None
+    return None
+
+
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for every command, or with words only for the command they name."""
     parser = ToolParser(
         prog="tensorless-deploy",
         description="Serve pinned llama-server recipes on GPU hosts and on this machine.",
@@ -67,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    for module in COMMAND_MODULES:
+    only = command_module(words) if words is not None else None
+    for module in (only,) if only else COMMAND_MODULES:
         importlib.import_module(f"tensorless_deploy.cli.{module}").register(command)
     return parser
 
@@ -79,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words)
     # Everything after a bare "--" is extra llama-server args, for the commands that take them.
     extra: list[str] = []
     if "--" in words:

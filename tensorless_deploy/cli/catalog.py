@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from tensorless_deploy.cli.common import catalog_from, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint, table
 from tensorless_deploy.errors import UsageError
-from tensorless_deploy.recipe import Entry, builtin_recipes_dir, load_catalog
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
+    from tensorless_deploy.recipe import Entry
 
 MEASURE_ORDER = ("short", "ctx_4k", "ctx_32k", "ctx_65k")
 
@@ -27,6 +27,8 @@ def ordered_measurements(values: dict[str, float]) -> list[tuple[str, float]]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from tensorless_deploy.recipe import builtin_recipes_dir, load_catalog
+
     if args.dir is not None and args.recipes is not None and args.dir != args.recipes:
         raise UsageError(f"check {args.dir} --recipes {args.recipes}: give the directory once")
     given: Path | None = args.dir if args.dir is not None else args.recipes
@@ -40,26 +42,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_row(e: Entry) -> dict[str, Any]:
-    r = e.recipe
-    return {
-        "hf_repo": r.model.hf_repo,
-        "name": r.model.name,
-        "title": r.model.title,
-        "card": r.card.id,
-        "state": r.state,
-        "path": e.path,
-    }
+MODEL_ROW = ("hf_repo", "name", "title", "card", "state", "path")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    catalog = catalog_from(args)
-    rows = [_model_row(e) for e in catalog.entries]
+    # the listing from the validated-catalog cache (recipe.index): no pydantic, no schema
+    # import while the recipe files are the bytes a full load validated before
+    from tensorless_deploy.recipe.index import catalog_rows
+
+    root, cached = catalog_rows(getattr(args, "recipes", None))
+    rows = [{k: r[k] for k in MODEL_ROW} for r in cached]
     if args.json:
         emit_json(rows)
         return 0
     if not rows:
-        print(f"no recipes in {catalog.root}")
+        print(f"no recipes in {root}")
         return 0
     print(
         table(

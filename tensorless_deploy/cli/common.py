@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.output import own, paint
-from tensorless_deploy.decisions.options import Flags, Instances, check_flags, parse_instances
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.recipe import Catalog, load_catalog
 
 if TYPE_CHECKING:
     from tensorless_deploy.decisions.checks import Check
+    from tensorless_deploy.decisions.options import Flags, Instances
     from tensorless_deploy.fleet.deploy import HostResult
+    from tensorless_deploy.recipe import Catalog
 
 COLOURS = {
     "changed": "33",
@@ -31,6 +31,8 @@ COLOURS = {
 
 
 def catalog_from(args: argparse.Namespace) -> Catalog:
+    from tensorless_deploy.recipe import load_catalog  # pydantic and the schema: not for --help
+
     recipes: Path | None = getattr(args, "recipes", None)
     return load_catalog(recipes)
 
@@ -78,6 +80,8 @@ def flags_from(args: argparse.Namespace, **names: str) -> Flags:
     (names: this command's own spelling of a flag, e.g. run's --host for the bind address)."""
     if getattr(args, "gpu", None) is not None:
         names = {"instances": "--gpu", **names}
+    from tensorless_deploy.decisions.options import Flags, check_flags
+
     return check_flags(
         Flags(
             port=getattr(args, "port", None),
@@ -98,6 +102,8 @@ def _instances_arg(args: argparse.Namespace) -> Instances | None:
     gpu = getattr(args, "gpu", None)
     if gpu is not None:  # one card, named by index or UUID: never a count
         return (int(gpu) if gpu.isdigit() else gpu,)
+    from tensorless_deploy.decisions.options import parse_instances
+
     return parse_instances(text) if text is not None else None
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from typing import Any, TextIO, cast
 _UNSAFE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 # Stands for ESC and CR in the tool's own output while a guard is installed (private-use
 # brackets around a random secret); safe() never produces it, no input can predict it.
-_TOKEN = f"\ue000{secrets.token_hex(8)}\ue001"
+_TOKEN = f"\ue000{os.urandom(8).hex()}\ue001"
 _OWN = {"\x1b": _TOKEN + "e", "\r": _TOKEN + "r"}
 
 

@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from tensorless_deploy.cli.common import (
@@ -101,6 +100,8 @@ def _text(mp: ModelPlan, verbose: int) -> list[str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     from tensorless_deploy.fleet.connect import new_state, survey_hosts
     from tensorless_deploy.fleet.inventory import load_inventory, offline_hosts, select_hosts
     from tensorless_deploy.hostplan.placement import (

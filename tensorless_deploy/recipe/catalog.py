@@ -7,7 +7,6 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from tensorless_deploy.errors import RecipeError, UnknownModelError, UsageError
 from tensorless_deploy.hub import CachePaths, cache_paths, host_state_dir
+from tensorless_deploy.recipe.index import builtin_recipes_dir, recipe_files
 from tensorless_deploy.recipe.schema import Recipe
 from tensorless_deploy.recipe.text import quoted
 
@@ -128,13 +128,6 @@ def model_paths(cache: str, recipe: Recipe) -> CachePaths:
     return cache_paths(cache, host_state_dir(cache), m.hf_repo, m.revision, m.file, m.sha256)
 
 
-def builtin_recipes_dir() -> Path:
-    """The catalog shipped in the wheel, or the repository's recipes/ in a source checkout."""
-    here = Path(__file__).resolve().parent.parent
-    shipped = here / "_builtin" / "recipes"
-    return shipped if shipped.is_dir() else here.parent / "recipes"
-
-
 _TOML_TYPES = {
     str: "a string",
     int: "an integer",
@@ -244,15 +237,6 @@ def parse_recipe(text: str, rel: str) -> tuple[Recipe | None, list[str]]:
         return None, problems
 
 
-def _recipe_files(root: Path) -> Iterator[tuple[str, Path]]:
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        if path.suffix == ".toml" and path.is_file():
-            yield rel.as_posix(), path
-
-
 def _path_problems(rel: str, recipe: Recipe) -> list[str]:
     parts = rel.split("/")
     if len(parts) != 3:
@@ -320,7 +304,7 @@ def load_catalog(root: Path | None = None) -> Catalog:
         raise UsageError(f"{root}: no such recipes directory", fix="pass an existing DIR")
     problems: list[str] = []
     entries: list[Entry] = []
-    for rel, path in _recipe_files(root):
+    for rel, path in recipe_files(root):
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
