@@ -1,60 +1,98 @@
 #!/usr/bin/env python3
 """deploy on the real test hosts, measured side by side in one run (needs tests/hosts/setup.sh).
 
+Targets (issue 15): a converged re-run <= 1.3x a bare `pyinfra INVENTORY fact server.Hostname`
+pass over the same hosts; a fresh deploy to N hosts <= 1.5x the same deploy to one host, pulled
+and (--push) pushed; no read of the model file after its last byte arrived.
+
 Prints, as medians of --runs interleaved rounds:
-  1. a converged re-run of `deploy` against a bare pyinfra fact-gathering run on the same hosts
-     (`pyinfra INVENTORY fact server.Hostname`): the ratio is what convergence checking costs;
-  2. a fresh deploy to 1 host against the same deploy to every gpu host at once (parallel: the
-     ratio should stay near 1);
-  3. model bytes hashed per run: the file once per download, zero on a converged host.
-With --push, every host (legacy1 too) gets model and image pushed from this machine
-(`--transfer push`), images removed between rounds, so 1 vs N measures the push fan-out.
-Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push]   (root; hold the hosts lock)
+  1. a converged re-run of `deploy` against a bare pyinfra fact run on the same hosts;
+  2. a fresh deploy to 1 host against the same deploy to all N hosts at once, and per phase
+     (median over hosts and rounds, 1 host / N hosts): transfer (push: the controller's send;
+     pull: the model's download, hashed as it arrives), image (pull, or load of the pushed
+     archive), model (admitting the file: its hash was taken on arrival), start (restart to
+     /health 200): all N hosts share this machine's 2 cores, so host-side CPU work (podman's
+     load, llama-server's start) grows with N here where separate machines would not;
+  3. reads of the model file after its last byte arrived, as inotify sees them on every host
+     (0: hashed on arrival), and the model bytes the hosts hashed after arrival (file size x
+     hosts that read it again).
+With --push every host gets model and image pushed from this machine (`--transfer push`),
+images removed between rounds. --hosts N: the first N gpu hosts (then legacy1), default all.
+Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push] [--hosts 4]   (root)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.arrival_watch import Watch, guest_root
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
-from tests.hosts.harness import apply_profile, base_dir, load_hosts, load_hosts_json, ssh_run
+from tests.hosts.harness import Host, apply_profile, base_dir, load_hosts, load_hosts_json, ssh_run
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import TINY_COMMIT
 
+BLOBS = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF/blobs"
+SENT = re.compile(r"(model|image): sent (\d+) bytes \(resumed from \d+\) in ([0-9.]+) s")
 
-def timed(args: list[str], env: dict[str, str]) -> tuple[float, dict[str, object]]:
+
+def timed(args: list[str], env: dict[str, str]) -> tuple[float, dict[str, Any]]:
     t0 = time.perf_counter()
     proc = cli(*args, "--json", env=env)
     dt = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"bench: {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    report: dict[str, object] = json.loads(proc.stdout)
+    report: dict[str, Any] = json.loads(proc.stdout)
     return dt, report
 
 
-def hosts_hashing(report: dict[str, object]) -> int:
-    """Hosts whose model step ran: each hashed the whole file once (download or verify)."""
-    return sum(
-        1
-        for h in report["hosts"]  # type: ignore[attr-defined]
-        for s in h["steps"]
-        if s["name"] == "model" and s["outcome"] == "changed"
-    )
+def phases(report: dict[str, Any]) -> dict[str, list[float]]:
+    """Seconds per phase, one value per host that ran it."""
+    out: dict[str, list[float]] = {}
+    for h in report["hosts"]:
+        sent = {m.group(1): float(m.group(3)) for m in SENT.finditer(h.get("transfer") or "")}
+        steps = {s["name"]: s for s in h["steps"]}
+        if sent:
+            out.setdefault("transfer", []).append(sum(sent.values()))
+        elif steps.get("model", {}).get("seconds") is not None:
+            out.setdefault("transfer", []).append(steps["model"]["seconds"])
+        for name, phase in (("image", "image"), ("model", "model"), ("restart", "start")):
+            if name == "model" and not sent:
+                continue  # pulled: the model step is the download itself (transfer above)
+            s = steps.get(name, {}).get("seconds")
+            if s is not None:
+                out.setdefault(phase, []).append(s)
+    return out
+
+
+def cpu_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of this machine so far, from /proc/stat."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def merge(into: dict[str, list[float]], more: dict[str, list[float]]) -> None:
+    for k, v in more.items():
+        into.setdefault(k, []).extend(v)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--push", action="store_true", help="--transfer push to every host")
+    ap.add_argument("--hosts", type=int, default=0, help="how many hosts (default: all)")
     opts = ap.parse_args()
     runs = opts.runs
     if not (base_dir() / "hosts.json").exists():
@@ -62,11 +100,16 @@ def main() -> int:
         return 0
     hosts_json = load_hosts_json()
     hosts = load_hosts()
-    gpu = [h for n, h in sorted(hosts.items()) if n.startswith("gpu") or opts.push]
+    netns = {h["name"]: h["netns"] for h in hosts_json["hosts"]}
+    gpu: list[Host] = [h for n, h in sorted(hosts.items()) if n.startswith("gpu")]
+    gpu += [h for n, h in sorted(hosts.items()) if n.startswith("legacy")]
+    if opts.hosts:
+        gpu = gpu[: opts.hosts]
     for h in gpu:
         apply_profile(h, "p100")
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=base_dir()))
     size = int(hosts_json["tiny_gguf"]["size"])
+    sha = hosts_json["tiny_gguf"]["sha256"]
     with HFServer(host=hosts_json["gateway"]) as hf:
         hf.publish(
             hosts_json["tiny_gguf"]["hf_repo"],
@@ -98,26 +141,49 @@ def main() -> int:
         purge = ["stop", "tiny", "-i", inv, "--recipes", catalog, "--purge"]
         bare = [sys.executable, "-m", "pyinfra", "-y", inv, "fact", "server.Hostname"]
         converged, facts, one, many = [], [], [], []
-        hashed_fresh = hashed_converged = 0
+        busy: list[float] = []  # cores this machine kept busy during the N-host run
+        phases_one: dict[str, list[float]] = {}
+        phases_many: dict[str, list[float]] = {}
+        reads_after: dict[str, int] = {}
+        hashed_after = 0
 
         def fresh() -> None:
             timed(purge, env)
-            if opts.push:  # the image must travel again too
-                for h in gpu:
-                    ssh_run(h, "podman rmi -af >/dev/null 2>&1 || true", timeout=120)
+            for h in gpu:
+                cmd = f"mkdir -p {BLOBS}"
+                if opts.push:  # the image must travel again too
+                    cmd += "; podman rmi -af >/dev/null 2>&1 || true"
+                ssh_run(h, cmd, timeout=120)
+
+        def watched(args: list[str], names: list[str]) -> tuple[float, dict[str, Any]]:
+            nonlocal hashed_after
+            watches = {n: Watch(guest_root(netns[n]) / BLOBS.lstrip("/")) for n in names}
+            try:
+                dt, report = timed(args, env)
+                for n, w in watches.items():
+                    r = w.reads_after_last_write(f"{sha}.incomplete")
+                    reads_after[n] = reads_after.get(n, 0) + r
+                    hashed_after += size if r else 0
+            finally:
+                for w in watches.values():
+                    w.close()
+            return dt, report
 
         for _ in range(runs):
             fresh()
-            hf.reset_stats()
-            dt, report = timed(deploy + limit_one, env)
+            dt, report = watched(deploy + limit_one, [gpu[0].name])
             one.append(dt)
+            merge(phases_one, phases(report))
             fresh()
-            dt, report = timed(deploy, env)
+            b0, t0_ = cpu_busy()
+            dt, report = watched(deploy, [h.name for h in gpu])
+            b1, t1_ = cpu_busy()
+            busy.append((b1 - b0) / max(t1_ - t0_, 1) * (os.cpu_count() or 1))
             many.append(dt)
-            hashed_fresh = size * hosts_hashing(report)
+            merge(phases_many, phases(report))
             dt, report = timed(deploy, env)
+            assert all(h["outcome"] == "unchanged" for h in report["hosts"]), report
             converged.append(dt)
-            hashed_converged = size * hosts_hashing(report)
             t0 = time.perf_counter()
             subprocess.run(bare, check=True, capture_output=True, timeout=120)
             facts.append(time.perf_counter() - t0)
@@ -126,16 +192,31 @@ def main() -> int:
         apply_profile(h, str(h.extra.get("default_profile", h.profile)))
     med = statistics.median
     n = len(gpu)
-    print(f"hosts: {', '.join(h.name for h in gpu)}; {runs} rounds; medians")
+    how = "pushed" if opts.push else "pulled"
+    print(
+        f"hosts: {', '.join(h.name for h in gpu)}; {runs} rounds; medians; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"converged deploy re-run ({n} hosts)   {med(converged):6.2f} s")
     print(f"bare pyinfra fact run ({n} hosts)     {med(facts):6.2f} s")
-    print(f"ratio converged/bare                {med(converged) / med(facts):6.2f}x")
-    print(f"fresh deploy, 1 host                {med(one):6.2f} s")
-    print(f"fresh deploy, {n} hosts               {med(many):6.2f} s")
-    print(f"ratio {n} hosts / 1 host              {med(many) / med(one):6.2f}x")
+    print(f"ratio converged/bare                {med(converged) / med(facts):6.2f}x  (<= 1.3x)")
+    print(f"fresh deploy ({how}), 1 host        {med(one):6.2f} s")
+    print(f"fresh deploy ({how}), {n} hosts       {med(many):6.2f} s")
+    print(f"ratio {n} hosts / 1 host              {med(many) / med(one):6.2f}x  (<= 1.5x)")
     print(
-        f"model bytes hashed: fresh run {hashed_fresh} ({n} x {size}), "
-        f"converged run {hashed_converged}"
+        f"this machine during the {n}-host run: {med(busy):.2f} of {os.cpu_count()} cores busy "
+        "(hosts, controller and the other work here share them)"
+    )
+    print(f"per phase, s (1 host | {n} hosts, median over hosts and rounds):")
+    for phase in ("transfer", "image", "model", "start"):
+        a, b = phases_one.get(phase), phases_many.get(phase)
+        if a and b:
+            ratio = med(b) / max(med(a), 1e-9)
+            print(f"  {phase:9s} {med(a):6.2f} | {med(b):6.2f}   ({ratio:.2f}x)")
+    print(
+        "reads of the model file after its last byte arrived (inotify): "
+        + ", ".join(f"{k} {v}" for k, v in sorted(reads_after.items()))
+        + f"; model bytes hashed after arrival: {hashed_after}"
     )
     return 0
 

@@ -312,6 +312,7 @@ def deploy(
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_state
 
     from tensorless_deploy.fleet.push import choose_transfer, push, remote_image_path
     from tensorless_deploy.operations.deploy import serve_plan
@@ -379,6 +380,7 @@ def deploy(
                 results[name] = HostResult(name, "failed", error, transfer=transfers[name])
         if plans:
             state.set_stage(StateStage.Prepare)
+            prepare: dict[str, dict[str, Any]] = {}
             for name, plan in plans.items():
                 pushed = modes[name][0] == "push"
                 archive = (
@@ -386,9 +388,7 @@ def deploy(
                 )
                 need = missing.get(name)
                 downloads = not pushed and (need is None or need[0])
-                add_deploy(
-                    state,
-                    serve_plan,
+                prepare[name] = dict(
                     plan=plan,
                     token=token() if downloads and not request.dry else None,
                     transfer=modes[name][0],
@@ -396,6 +396,18 @@ def deploy(
                     steps=steps_meta,
                     host=by_name[name],
                 )
+
+            # Every host's operations read their facts while they are added: all hosts at
+            # once, on pyinfra's own pool (in API mode an operation's hash is its ordinal on
+            # its host, so the order hosts are prepared in changes nothing).
+            # (the state context is one for all greenlets: set once, around all of them)
+            with ctx_state.use(state):
+                jobs = [
+                    state.pool.spawn(add_deploy, state, serve_plan, **kw) for kw in prepare.values()
+                ]
+                state.pool.join()
+            for job in jobs:
+                job.get()  # an error while preparing is raised as it was when done in turn
             if not request.dry:
                 state.set_stage(StateStage.Execute)
                 took = _op_timer(state)
