@@ -145,6 +145,7 @@ def test_doc_deploy_file_serves_then_second_pyinfra_run_changes_nothing(
         "unit tensorless-tiny-p100": "changed",
         "restart tensorless-tiny-p100 and /health": "changed",
         "tensorless-tiny-p100 running and /health": "no change",  # _if: the unit did not change
+        "no secrets for tensorless-tiny-p100": "no change",  # no API key or TLS asked for
     }, first
     assert hf.stats(TINY_REPO, FILE).bytes_sent == hosts_json["tiny_gguf"]["size"]
     body = json.dumps({"prompt": "hello", "max_tokens": 8, "temperature": 0})
@@ -162,11 +163,11 @@ def test_doc_deploy_file_serves_then_second_pyinfra_run_changes_nothing(
     _, second, took2 = pyinfra(tmp_path, argv, env)
     rows = results(second)
     assert set(outcomes(rows).values()) == {"no change"}, second
-    assert rows["Grand total"] == {"hosts": 5, "success": 0, "error": 0, "no_change": 5}, second
+    assert rows["Grand total"] == {"hosts": 6, "success": 0, "error": 0, "no_change": 6}, second
 
     as_json, _, _ = pyinfra(tmp_path, [*argv, "--json"], env)
     summary = json.loads(as_json)["results"]
-    assert summary["totals"] == {"hosts": 5, "success": 0, "error": 0, "no_change": 5}, summary
+    assert summary["totals"] == {"hosts": 6, "success": 0, "error": 0, "no_change": 6}, summary
     assert all(op["no_change"] == [HOST] for op in summary["operations"]), summary
     assert hf.stats(TINY_REPO, FILE).bytes_sent == hosts_json["tiny_gguf"]["size"]
     # nothing was restarted by the second and third runs

@@ -21,8 +21,10 @@ from tensorless_deploy.decisions.options import (
     api_key_text,
     pem_text,
 )
-from tensorless_deploy.facts.values import Gpu, HostFacts
+from tensorless_deploy.facts.values import QUADLET_MIN_PODMAN, Gpu, HostFacts
 from tensorless_deploy.recipe.schema import Recipe
+
+QUADLET_MIN = ".".join(map(str, QUADLET_MIN_PODMAN))
 
 Status = Literal["ok", "warn", "fail"]
 Action = Literal["run", "dry_run"]
@@ -315,9 +317,11 @@ def _engine_checks(facts: HostFacts, options: Options) -> tuple[list[Check], Eng
                 Check(
                     "engine.quadlet",
                     "warn",
-                    f"podman {e.podman.version_text} has no quadlet (needs 4.4+): a plain "
-                    "systemd .service running podman is used instead",
-                    "upgrade podman to 4.4 or newer (Debian 13, Ubuntu 24.04) for quadlet units",
+                    f"podman {e.podman.version_text} has no quadlet with every key the units "
+                    f"need (needs {QUADLET_MIN}+): a plain systemd .service running podman is "
+                    "used instead",
+                    f"upgrade podman to {QUADLET_MIN} or newer (Debian 13, Ubuntu 24.04) for "
+                    "quadlet units",
                 )
             )
     else:

@@ -257,7 +257,7 @@ class HttpStatus(FactBase[int]):
 
     def command(self, url: str, head: bool = False) -> str:
         return (
-            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 5 {'-I ' if head else ''}"
+            f"curl -s -k -o /dev/null -w '%{{http_code}}' --max-time 5 {'-I ' if head else ''}"
             f"{shlex.quote(url)} 2>/dev/null || true"
         )
 

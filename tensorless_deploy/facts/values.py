@@ -16,8 +16,11 @@ from pydantic import BaseModel, ConfigDict, computed_field, field_validator, mod
 
 Version = tuple[int, ...]
 
-# Podman versions that gate unit kinds (FIELD.md: quadlet from 4.4, Notify=healthy from 5.0).
-QUADLET_MIN_PODMAN: Version = (4, 4)
+# Podman versions that gate unit kinds (docs/field-notes.md#quadlet-and-systemd): quadlet exists
+# from 4.4, but the keys every unit of this tool needs (HealthCmd=, HealthOnFailure=, Tmpfs= from
+# 4.5, PidsLimit= from 4.7: read in quadlet.go of each tag) only from 4.7, so an older podman gets
+# the plain unit, which spells them as podman flags; Notify=healthy from 5.0.
+QUADLET_MIN_PODMAN: Version = (4, 7)
 NOTIFY_HEALTHY_MIN_PODMAN: Version = (5, 0)
 CDI_GPU_KIND = "nvidia.com/gpu"
 COMPUTE_CAP = re.compile(r"[0-9]+\.[0-9]+")

@@ -17,7 +17,7 @@ from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.hostplan.status import UnitStatus, unit_status
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
-from tensorless_deploy.launch.spec import slug, unit_model_slug, unit_name
+from tensorless_deploy.launch.spec import secrets_dir, slug, unit_model_slug, unit_name
 from tensorless_deploy.recipe.catalog import Catalog, Entry
 
 
@@ -143,6 +143,7 @@ def stop(
     on the host by their model label, so a unit whose recipe left the catalog goes too; with
     purge, the model files of the catalog's recipes for it as well."""
     from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.operations.secrets import secrets_absent
     from tensorless_deploy.operations.unit import removed
 
     entries = catalog.find(model) if purge else catalog.find_or_none(model)
@@ -156,8 +157,16 @@ def stop(
         assert not isinstance(units, str)
         mine = model_units(units, entries, model)
         todo = [
-            Step(f"remove {u.name}", removed, dict(service=u.name, paths=unit_paths(u.name)))
+            step
             for u in mine
+            for step in (
+                Step(f"remove {u.name}", removed, dict(service=u.name, paths=unit_paths(u.name))),
+                Step(
+                    f"remove secrets of {u.name}",
+                    secrets_absent,
+                    dict(directory=secrets_dir(u.name)),
+                ),
+            )
         ]
         if purge:
             for e in entries:

@@ -33,7 +33,6 @@ from tensorless_deploy.facts.values import LABEL_PORT, Gpu, HostFacts, ToolUnit
 from tensorless_deploy.hub import CachePaths, resolve_url
 from tensorless_deploy.launch.container import (
     HEALTH_ON_FAILURE_MIN_PODMAN,
-    QUADLET_KEYS_MIN_PODMAN,
 )
 from tensorless_deploy.launch.render import UnitFile, render_quadlet, render_service
 from tensorless_deploy.launch.spec import (
@@ -300,14 +299,8 @@ def plan_host(
     binary = engine_bin(facts, engine)
     podman = facts.engines.podman if facts.engines is not None else None
     version = podman.version if podman is not None else None
-    # a quadlet older than 4.7 lacks keys the units need (PidsLimit=): the plain unit instead
-    quadlet = (
-        units
-        and engine == "podman"
-        and podman is not None
-        and podman.quadlet_supported
-        and (version is None or version >= QUADLET_KEYS_MIN_PODMAN)
-    )
+    # quadlet_supported: a podman whose quadlet has every key the units need (facts.values)
+    quadlet = units and engine == "podman" and podman is not None and podman.quadlet_supported
     heal = engine == "podman" and (version is None or version >= HEALTH_ON_FAILURE_MIN_PODMAN)
     instances: list[Instance] = []
     problem: str | None = None

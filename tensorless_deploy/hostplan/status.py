@@ -66,7 +66,9 @@ class UnitStatus:
 def _state(u: DeployedUnit) -> State:
     if u.health == 200:
         return "serving"
-    if u.result == "start-limit-hit":
+    # Restart=on-failure restarts a dying server until the start limit; systemd then leaves it
+    # failed (with the last run's Result: exit-code, not start-limit-hit, on systemd 257)
+    if u.result == "start-limit-hit" or (u.active == "failed" and (u.restarts or 0) > 0):
         return "crash loop"
     if u.active == "failed":
         return "failed"

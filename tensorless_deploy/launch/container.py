@@ -18,11 +18,9 @@ from tensorless_deploy.launch.spec import (
     LaunchSpec,
 )
 
-# Podman versions that gate options: --health-on-failure (4.2); quadlet's keys for every option
-# here (HealthCmd=, HealthOnFailure=, Tmpfs= from 4.5, PidsLimit= from 4.7: read in quadlet.go
-# of each tag), so an older quadlet gets the plain unit, which spells them as podman flags.
+# podman's --health-on-failure exists from 4.2 (the quadlet keys' version is the facts' own
+# QUADLET_MIN_PODMAN: a podman without them gets the plain unit)
 HEALTH_ON_FAILURE_MIN_PODMAN = (4, 2)
-QUADLET_KEYS_MIN_PODMAN = (4, 7)
 
 Kind = Literal[
     "health_cmd",

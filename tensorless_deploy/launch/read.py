@@ -13,7 +13,19 @@ from tensorless_deploy.launch.container import FORMATS, Kind
 ADDRESS_FLAGS = ("--host", "--port")
 CONTEXT_FLAGS = ("-c",)
 MODEL_FLAGS = ("-m",)
-OWNED_WITH_VALUE = ("-m", "--host", "--port", "-c", "--alias", "-t", "-tb")
+OWNED_WITH_VALUE = (
+    "-m",
+    "--host",
+    "--port",
+    "-c",
+    "--alias",
+    "-t",
+    "-tb",
+    "--api-key-file",
+    "--ssl-cert-file",
+    "--ssl-key-file",
+)
+OWNED_SWITCHES = ("--metrics",)  # an operator's switch (tensorless_metrics), not the recipe's
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,8 @@ class UnitContent:
                 continue
             if arg in OWNED_WITH_VALUE:
                 skip = True
+                continue
+            if arg in OWNED_SWITCHES:
                 continue
             out.append(arg)
         return tuple(out)
@@ -95,8 +109,15 @@ def read_service(text: str) -> UnitContent:
     words = _words(exec_start)
     at = words.index("--pull=never") + 1 if "--pull=never" in words else 2
     opts: list[tuple[Kind, str]] = []
-    while at + 1 < len(words) and words[at] in by_flag:
-        kind = by_flag[words[at]]
+    while at < len(words):
+        flag, eq, value = words[at].partition("=")
+        kind = by_flag.get(flag)
+        if kind is not None and FORMATS[kind].joined and eq:
+            opts.append((kind, value))  # one word: --read-only=true
+            at += 1
+            continue
+        if kind is None or at + 1 >= len(words) or eq:
+            break  # the image: the first word that is not one of the options
         if FORMATS[kind].quadlet_value is None:
             opts.append((kind, words[at + 1]))
         at += 2

@@ -127,6 +127,7 @@ def serve_plan(
         metas[f"remove {u.name}"] = removed(
             name=f"remove surplus instance {u.name}", service=u.name, paths=(u.path,)
         )
+        secrets_absent(name=f"no secrets for {u.name}", directory=secrets_dir(u.name))
     if steps is not None:
         steps[host.name] = metas
 

@@ -29,7 +29,7 @@ for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tens
   echo "@@inspect $info"
   url=$(grep -o 'io\.tensorless\.health=[^" ]*' "$f" | head -n 1 | cut -d= -f2-)
   if [ -n "$url" ]; then
-    echo "@@health $(curl -s -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"
+    echo "@@health $(curl -s -k -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"
   fi
 done
 true

@@ -11,7 +11,7 @@ for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tens
   grep -o 'io\.tensorless\.[a-z-]*=[^" ]*' "$f" | sed 's/^/@label /'
   url=$(grep -o 'io\.tensorless\.health=[^" ]*' "$f" | head -n 1 | cut -d= -f2-)
   if [ -n "$url" ]; then
-    echo "@health $(curl -s -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"
+    echo "@health $(curl -s -k -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"
   fi
 done
 for b in "$models_dir"/models--*/blobs/*; do

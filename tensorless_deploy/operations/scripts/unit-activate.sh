@@ -4,7 +4,8 @@
 poll() {  # until /health answers 200, the unit fails, or the deadline passes
   deadline=$(( $(date +%s) + $1 ))
   while :; do
-    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" 2>/dev/null || true)
+    # -k: a TLS server's certificate is the operator's; this only asks whether it is up
+    code=$(curl -s -k -o /dev/null -w '%{http_code}' --max-time 5 "$url" 2>/dev/null || true)
     [ "$code" = 200 ] && return 0
     st=$(systemctl is-active "$svc" 2>/dev/null || true)
     if [ "$st" = failed ]; then last="unit failed"; return 1; fi
@@ -20,6 +21,8 @@ t0=$(date +%s)
 last=""
 systemctl daemon-reload
 [ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
+# a crash loop that hit the start limit leaves the unit failed: a deploy starts it afresh
+systemctl reset-failed "$svc" 2>/dev/null || true
 # Blocking: the old instance is gone before the first poll (with Notify=healthy, the start
 # job itself waits for the container's health check).
 if timeout "$timeout" systemctl "$verb" "$svc" 2>/dev/null && poll "$timeout"; then
@@ -35,6 +38,9 @@ if [ "$verb" = start ]; then
 fi
 if [ -f "$path.tensorless-prev" ]; then
   mv -f "$path.tensorless-prev" "$path"
+  # poll the restored unit where it serves (its own health label), not the new unit's address
+  back=$(grep -o 'io\.tensorless\.health=[^" ]*' "$path" | head -n 1 | cut -d= -f2-)
+  [ -n "$back" ] && url=$back
   if [ -f "$path.tensorless-prev-sha" ]; then mv -f "$path.tensorless-prev-sha" "$path.tensorless-sha"; fi
   systemctl daemon-reload
   timeout "$timeout" systemctl restart "$svc" 2>/dev/null

@@ -20,7 +20,7 @@ swap() {  # current <-> kept, with the sha256 each was written with
 healthy() {
   deadline=$(( $(date +%s) + timeout ))
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$1" 2>/dev/null)" = 200 ] && return 0
+    [ "$(curl -s -k -o /dev/null -w '%{http_code}' --max-time 5 "$1" 2>/dev/null)" = 200 ] && return 0
     [ "$(systemctl is-active "$svc" 2>/dev/null)" = failed ] && return 1
     sleep 1
   done
@@ -30,6 +30,7 @@ t0=$(date +%s)
 swap
 systemctl daemon-reload
 [ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
+systemctl reset-failed "$svc" 2>/dev/null || true
 if timeout "$timeout" systemctl restart "$svc" 2>/dev/null && healthy "$url"; then
   echo "$svc rolled back: the previous unit is healthy after $(( $(date +%s) - t0 )) s at $url"
   exit 0

@@ -1,0 +1,47 @@
+"""Unit files read back (launch.read): the quadlet and the plain unit of one spec read back to the
+same container, and a change of the recipe shows as the field that changed, nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorless_deploy.launch.read import drift, read_unit
+from tensorless_deploy.launch.render import render_quadlet, render_service
+from tests.render_cases import cases, recipe_for, spec_for
+
+PODMAN = [c for c in cases() if c.data["spec"]["engine"] == "podman"]
+
+
+@pytest.mark.parametrize("case", PODMAN, ids=[c.name for c in PODMAN])
+def test_both_unit_kinds_read_back_to_the_same_container(case: object) -> None:
+    data = case.data  # type: ignore[attr-defined]
+    spec = spec_for(data, recipe_for(data))
+    quadlet = render_quadlet(spec, digest="sha256:" + "0" * 64, notify_healthy=True)
+    service = render_service(spec, digest="sha256:" + "0" * 64, engine_bin="/usr/bin/podman")
+    q, s = read_unit(quadlet.path, quadlet.content), read_unit(service.path, service.content)
+    assert q.image == s.image == spec.image
+    assert q.server_args == s.server_args == spec.server_args
+    assert sorted(q.options) == sorted(s.options)
+    assert drift(q, s, "", "") == ()
+
+
+@pytest.mark.parametrize("kind", ["quadlet", "service"])
+def test_a_recipe_change_is_named_field_by_field(kind: str) -> None:
+    base = next(c for c in cases() if c.name == "quadlet-podman5").data
+    changed = {**base, "run": {"context": 1024, "env": {"GGML_CUDA_FATTN_SM60": "0"}}}
+
+    def unit(data: dict) -> tuple[str, str]:  # type: ignore[type-arg]
+        spec = spec_for(data, recipe_for(data))
+        if kind == "quadlet":
+            u = render_quadlet(spec, digest="sha256:" + "0" * 64, notify_healthy=True)
+        else:
+            u = render_service(spec, digest="sha256:" + "0" * 64, engine_bin="/usr/bin/podman")
+        return u.path, u.content
+
+    (pa, a), (pb, b) = unit(base), unit(changed)
+    found = {
+        d.field: (d.deployed, d.wanted) for d in drift(read_unit(pa, a), read_unit(pb, b), a, b)
+    }
+    assert set(found) == {"context", "env"}, found
+    assert found["context"] == ("65536", "1024")
+    assert "GGML_CUDA_FATTN_SM60=0" in found["env"][1]
