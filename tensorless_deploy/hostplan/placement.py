@@ -23,6 +23,7 @@ alternative, card_digest), brought to an SSH inventory of single-card llama-serv
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -35,8 +36,9 @@ from tensorless_deploy.decisions.checks import (
     gpu_fits_card,
     state_refusal,
 )
+from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.facts.values import Gpu
+from tensorless_deploy.facts.values import Gpu, HostFacts
 from tensorless_deploy.gguf import kv
 from tensorless_deploy.gguf.header import GGUFHeader
 from tensorless_deploy.hostplan.plan import (
@@ -273,6 +275,8 @@ class _Recipes:
         }
         self.split_none = {e.path: _split_mode_none(e.recipe.run.args) for e in entries}
         self._driver: dict[tuple[str | None, str], bool] = {}
+        # hosts with equal facts and options get equal rows but for their name: planned once
+        self.rows: dict[tuple[HostFacts, Options], list[Placement]] = {}
 
     def driver_ok(self, have: str | None, need: str) -> bool:
         key = (have, need)
@@ -295,6 +299,24 @@ def _deploy_refusal(plan: HostPlan) -> str | None:
 
 
 def _host_rows(model: str, host: SurveyedHost, rc: _Recipes) -> list[Placement]:
+    """This host's rows; a host whose facts and options equal an earlier host's (a fleet of
+    identical machines, offline inventory data) reuses that host's rows under its own name.
+    Nothing in a row but its host depends on the name (the host plan's checks, cards, units and
+    addresses come from facts and options alone)."""
+    if host.facts is None:
+        return _rows_of(model, host, rc)
+    key = (host.facts, host.options)
+    try:
+        done = rc.rows.get(key)
+    except TypeError:  # facts with unhashable parts (a surveyed host's unit labels)
+        return _rows_of(model, host, rc)
+    if done is None:
+        done = rc.rows[key] = _rows_of(model, host, rc)
+        return done
+    return [dataclasses.replace(r, host=host.name) for r in done]
+
+
+def _rows_of(model: str, host: SurveyedHost, rc: _Recipes) -> list[Placement]:
     if host.facts is None:
         why = host.error or "no facts"
         return [

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""What a push to 16 hosts costs, simulated on the test hosts there are: the push's own sender
+(fleet.push.fan_out: one writer per host, each on its own SSH connection and channel, into the
+host's real model-receive.sh, hashed on arrival, capped at the size) to N receivers, N = 1, 4,
+8, 16, each receiver its own SSH connection (the inventory names each test host several times),
+so the controller encrypts N streams exactly as it would for N machines.
+
+Prints per N: the wall time of the send, the aggregate throughput, the controller's CPU seconds
+(this process) and the bytes it read from the file (each writer reads at its own offset: N x
+size, served by the page cache after the first). If the aggregate stays flat while N grows, the
+send is bound by the controller (one core encrypting every stream, as gevent runs the writers)
+or by the link, and later hosts fetching from the first would pay; if it grows, it is not.
+All receivers share this machine's 2 cores with the controller (sshd, head, tee and openssl run
+here too), so the figures bound the controller's side from above.
+Usage: .venv/bin/python bench/push_fanout.py [--mib 64] [--counts 1,4,8,16]   (root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.hosts.fleet import write_inventory
+from tests.hosts.harness import base_dir, load_hosts, ssh_run
+
+REMOTE = "/var/lib/tensorless/bench-fanout"
+
+
+def controller_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def read_bytes() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--counts", default="1,4,8,16")
+    opts = ap.parse_args()
+    counts = [int(c) for c in opts.counts.split(",")]
+    if not (base_dir() / "hosts.json").exists():
+        print("bench: no test hosts (run tests/hosts/setup.sh first); skipped")
+        return 0
+    hosts = [h for n, h in sorted(load_hosts().items()) if n.startswith(("gpu", "legacy"))]
+    work = Path(tempfile.mkdtemp(prefix="fanout-", dir=base_dir()))
+    source = work / "payload.bin"
+    with source.open("wb") as f:
+        for _ in range(opts.mib):
+            f.write(os.urandom(1 << 20))
+    size = source.stat().st_size
+    per_host = -(-max(counts) // len(hosts))
+    # each test host named per_host times: one SSH connection per name, as N machines would
+    entries = [(h, k) for k in range(per_host) for h in hosts]
+    inv_path = work / "inventory.py"
+    write_inventory(inv_path, hosts)  # one row per host; then each repeated under new names
+    rows: dict[str, Any] = {}
+    exec(inv_path.read_text(), rows)
+    by_name = dict(rows["hosts"])
+    named = [(f"{h.name}-{k}" if k else h.name, by_name[h.name]) for h, k in entries]
+    inv_path.write_text(f"hosts = {named!r}\n", encoding="utf-8")
+
+    from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.push import Receiver, fan_out, receive_command
+
+    inventory = load_inventory(str(inv_path), False)
+    targets = select_hosts(inventory, [])
+    state = new_state(inventory)
+    on_each_host(state, targets, lambda h: None, keep_connected=True)
+    print(
+        f"payload {size >> 20} MiB; receivers on {', '.join(h.name for h in hosts)} "
+        f"({per_host} SSH connections each at most); load average {os.getloadavg()[0]:.2f}"
+    )
+    base_rate = None
+    try:
+        for n in counts:
+            for h in hosts:
+                ssh_run(h, f"rm -rf {REMOTE}; mkdir -p {REMOTE}", timeout=60)
+            chosen = targets[:n]
+            receivers = [Receiver(t.name, t, f"{REMOTE}/{t.name}.part") for t in chosen]
+            commands = [
+                receive_command(state, t, r.path, size)
+                for t, r in zip(chosen, receivers, strict=True)
+            ]
+            cpu0, read0, t0 = controller_cpu(), read_bytes(), time.perf_counter()
+            fan_out(source, receivers, commands)
+            wall = time.perf_counter() - t0
+            cpu, read = controller_cpu() - cpu0, read_bytes() - read0
+            bad = [r.error for r in receivers if r.error]
+            if bad:
+                sys.exit(f"bench: {bad[0]}")
+            rate = n * size / wall / 1e6
+            base_rate = base_rate or rate
+            print(
+                f"N={n:2d}: {wall:6.2f} s, {rate:6.1f} MB/s together ({rate / base_rate:4.2f}x "
+                f"of N=1), {rate / n:6.1f} MB/s each; controller CPU {cpu:5.2f} s "
+                f"({cpu / wall:4.2f} cores), read {read / size:4.1f} x the file"
+            )
+    finally:
+        for h in hosts:
+            ssh_run(h, f"rm -rf {REMOTE}", timeout=60, check=False)
+        disconnect(targets)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
