@@ -308,14 +308,7 @@ def deploy(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest
 ) -> list[HostResult]:
     """Converge every host to serve request.model; the per-host result says what happened."""
-    from pyinfra.api.deploy import add_deploy
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.operations import run_ops
-    from pyinfra.api.state import StateStage
-    from pyinfra.context import ctx_state
-
     from tensorless_deploy.fleet.push import choose_transfer, push, remote_image_path
-    from tensorless_deploy.operations.deploy import serve_plan
 
     entries = catalog.find(request.model)
     state = new_state(inventory)
@@ -378,7 +371,15 @@ def deploy(
             for name, error in errors.items():
                 plans.pop(name)
                 results[name] = HostResult(name, "failed", error, transfer=transfers[name])
-        if plans:
+        if plans:  # something to change: pyinfra's operations (a converged fleet needs none)
+            from pyinfra.api.deploy import add_deploy
+            from pyinfra.api.exceptions import PyinfraError
+            from pyinfra.api.operations import run_ops
+            from pyinfra.api.state import StateStage
+            from pyinfra.context import ctx_state
+
+            from tensorless_deploy.operations.deploy import serve_plan
+
             state.set_stage(StateStage.Prepare)
             prepare: dict[str, dict[str, Any]] = {}
             for name, plan in plans.items():

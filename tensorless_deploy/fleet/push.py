@@ -73,10 +73,15 @@ def image_archive(image: str) -> Path:
     )
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
-        raise TransferError(
-            f"skopeo copy {image}: {proc.stderr.strip()[-300:]}",
-            fix="check the registry is reachable from the controller",
-        )
+        fix = "check the registry is reachable from the controller"
+        if "HTTP response to HTTPS client" in proc.stderr:
+            where = conf or "/etc/containers/registries.conf"
+            fix = (
+                f"the registry {_registry(image)} speaks plain HTTP: mark it insecure in "
+                f'registries.conf ({where}): [[registry]] location = "{_registry(image)}" '
+                "insecure = true"
+            )
+        raise TransferError(f"skopeo copy {image}: {proc.stderr.strip()[-300:]}", fix=fix)
     os.replace(tmp, out)
     return out
 
@@ -323,7 +328,8 @@ def push_report(
                     report,
                 )
         except (LocalError, TransferError) as exc:
-            report.failed.update({n: f"push: {exc.message}" for n in group})
+            why = f"push: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")
+            report.failed.update({n: why for n in group})
     return report
 
 
