@@ -205,3 +205,79 @@ def test_prune_lists_exactly_the_unused_and_keeps_serving(
     assert _complete(ssh, day2.host.name)["model"] == TINY_REPO
     _, again = day2.cli("prune")
     assert again["hosts"][0]["outcome"] == "unchanged"
+
+
+KEY_FILE = Path(__file__).parent / "fixtures" / "secrets" / "api.key"
+
+
+def _get(url: str, key: str | None = None) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+            return int(r.status), r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), ""
+
+
+def test_metrics_in_status_and_targets_that_scrape(
+    tmp_path: Path, hosts_json: dict[str, Any], gpu_hosts: list[Host], hf: HFServer, ssh: SshRunner
+) -> None:
+    """tensorless_metrics on two hosts: one bound wide with a key (scraped with the key file),
+    one on loopback (left out, said why); status shows each one's load; every target of the
+    written files answers a real GET of /metrics with its job's credentials."""
+    import yaml
+
+    wide, local = gpu_hosts[0], gpu_hosts[2]  # gpu1 and gpu3: P100s (gpu2 is an H200)
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    data = {
+        wide.name: {
+            "tensorless_bind": "0.0.0.0",
+            "tensorless_api_key_file": str(KEY_FILE),
+            "tensorless_metrics": True,
+        },
+        local.name: {"tensorless_metrics": True},
+    }
+    inv = write_inventory(tmp_path / "inventory.py", [wide, local], data=data)
+    env = {"HF_ENDPOINT": hf.url, "NO_COLOR": "1"}
+    base = ["-i", str(inv), "--recipes", str(catalog)]
+    proc = cli("deploy", "tiny", *base, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    key = KEY_FILE.read_text().strip()
+    body = json.dumps({"prompt": "hello", "max_tokens": 4, "temperature": 0})
+    ssh(
+        wide.name,
+        f"curl -fsS -H 'Authorization: Bearer {key}' -d '{body}' http://127.0.0.1:8080/v1/completions",
+    )
+
+    proc = cli("--json", "status", *base, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    loads = {h["host"]: h["units"][0]["metrics"] for h in json.loads(proc.stdout)["hosts"]}
+    assert loads[wide.name]["tokens_predicted_total"] >= 4, loads
+    assert loads[wide.name]["busy_slots"] == 0 and loads[wide.name]["tokens_per_second"] > 0
+    assert loads[local.name]["tokens_predicted_total"] == 0
+    text = cli("status", *base, env=env)
+    assert "LOAD" in text.stdout and "0 busy, 0 queued" in text.stdout, text.stdout
+    assert key not in proc.stdout + text.stdout + text.stderr
+
+    out = tmp_path / "prometheus"
+    proc = cli("targets", "-i", str(inv), "-o", str(out), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{local.name} {UNIT}: left out: bound to 127.0.0.1" in proc.stderr
+    config = yaml.safe_load((out / "scrape_configs.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["authorization"] == {"type": "Bearer", "credentials_file": str(KEY_FILE)}
+    (group,) = json.loads(Path(job["file_sd_configs"][0]["files"][0]).read_text())
+    assert group["targets"] == [f"{wide.ip}:8080"]
+    assert group["labels"] == {"host": wide.name, "unit": UNIT, "model": TINY_REPO, "card": "p100"}
+    assert key not in "".join(p.read_text() for p in out.iterdir())
+    for target in group["targets"]:
+        url = f"{job['scheme']}://{target}{job['metrics_path']}"
+        code, page = _get(url, Path(job["authorization"]["credentials_file"]).read_text().strip())
+        assert code == 200 and "llamacpp:tokens_predicted_total" in page, (url, code)
+        assert _get(url)[0] == 401  # and the key is what lets it in
+    # one job: the file_sd on stdout, and how to scrape it on stderr
+    proc = cli("targets", "-i", str(inv), env=env)
+    assert json.loads(proc.stdout) == [group] and str(KEY_FILE) in proc.stderr

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tensorless_deploy.decisions.checks import QUADLET_MIN
 from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
@@ -185,7 +186,7 @@ def test_fleet_report_changes_nothing_and_finds_port_and_servable(
     assert text.splitlines()[:2] == ["gpu1: ready", f"  can serve: {RECIPE}"]
     assert "gpu2: ready\n  can serve: no recipe in the catalog fits this host's GPUs\n" in text
     assert f"legacy1: ready\n  can serve: {RECIPE}\n" in text
-    assert "fix: upgrade podman to 4.4" in text  # legacy1's warning carries its fix
+    assert f"fix: upgrade podman to {QUADLET_MIN}" in text  # legacy1's warning carries its fix
     assert err.strip() == "3 of 3 host(s) ready"
 
     # readiness without MODEL, while something else listens on gpu1's 127.0.0.1:8080

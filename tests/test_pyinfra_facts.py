@@ -13,7 +13,8 @@ A scenario is::
     }
 
 The command is pinned by its text, or for a survey fact by the names of the sections its script
-prints (in order), or for a script fact by its ``facts/scripts/NAME.sh``. Empty output reads as
+prints (in order), or for a script fact by its ``facts/scripts/NAME.sh`` (bound to the args,
+where there are any). Empty output reads as
 the fact's ``default()``, as pyinfra's fact gathering does. Outputs are captured from the test
 hosts with ``tests/pyinfra_facts/capture.py`` (REAL in the description) except where a scenario
 is about malformed output (MALFORMED, written by hand).
@@ -85,7 +86,9 @@ def test_fact(path: Path) -> None:
     elif "sections" in case:
         assert sections_of(command) == case["sections"]
     else:
-        assert command == shell.load("tensorless_deploy.facts", case["script"])
+        script = shell.load("tensorless_deploy.facts", case["script"])
+        args = case.get("args", {})
+        assert command == (shell.bind(script, **args) if args else script)
     lines: list[str] = case["output"]
     if "error" in case:
         with pytest.raises(FactProcessError) as raised:

@@ -49,6 +49,7 @@ COMMANDS = {
     "stop": "status",
     "rollback": "status",
     "prune": "status",
+    "targets": "status",
     "bench": "bench",
     "export": "export",
 }

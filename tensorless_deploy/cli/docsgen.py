@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import types
 import typing
 from pathlib import Path
@@ -14,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tensorless_deploy.cli.output import write_atomic
 from tensorless_deploy.recipe.flags import ALLOWED, FORBIDDEN, OWNED, OWNED_ENV, ServerFlag
 from tensorless_deploy.recipe.schema import (
     CardSection,
@@ -190,20 +189,6 @@ def stale() -> list[Path]:
         for p, text in generated().items()
         if not p.exists() or p.read_text(encoding="utf-8") != text
     ]
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary name in the same directory, then rename over the target."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; generated docs are for every reader
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:

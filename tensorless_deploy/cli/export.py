@@ -187,7 +187,7 @@ def _comments(recipe: Recipe, target: Target, digest: str) -> list[str]:
 
 
 def _write(path: Path, text: str) -> None:
-    from tensorless_deploy.cli.docsgen import write_atomic
+    from tensorless_deploy.cli.output import write_atomic
 
     write_atomic(path, text)
 

@@ -15,8 +15,10 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TextIO, cast
 
 # What a terminal acts on: C0 but "\n", DEL, C1, the bidi embeddings, overrides and isolates,
@@ -107,3 +109,19 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
         cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write to a temporary name in the same directory, then rename over the target: a reader
+    sees the old file or the new one, never half of one (mkstemp makes it 0600; mode is what it
+    ends as)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

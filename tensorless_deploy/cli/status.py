@@ -56,10 +56,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = []
     for h in report:
         if h.error:
-            rows.append([h.host, paint("unreachable", "1;31"), "-", "-", "-", "-", h.error])
+            rows.append([h.host, paint("unreachable", "1;31"), "-", "-", "-", "-", "-", h.error])
             continue
         if not h.units:
-            rows.append([h.host, "nothing deployed", "", "", "", "", ""])
+            rows.append([h.host, "nothing deployed", "", "", "", "", "", ""])
         for u in h.units:
             state = paint(u.state, STATE_COLOURS.get(u.state, "1;31"))
             if u.state == "crash loop" and u.restarts is not None:
@@ -74,10 +74,15 @@ def cmd_status(args: argparse.Namespace) -> int:
                     state,
                     tuned,
                     (u.recipe_digest or "-")[:19],
+                    u.load.text() if u.load else paint(u.load_error, "33") if u.load_error else "-",
                     drift or "no drift",
                 ]
             )
-    print(table(rows, ["HOST", "UNIT", "ADDRESS", "STATE", "TUNING", "RECIPE", "DRIFT"]))
+    head = ["HOST", "UNIT", "ADDRESS", "STATE", "TUNING", "RECIPE", "LOAD", "DRIFT"]
+    if not any(u.load or u.load_error for u in units):  # no unit serves /metrics: no column
+        head.remove("LOAD")
+        rows = [row[:6] + row[7:] for row in rows]
+    print(table(rows, head))
     word = {0: "all serving as the catalog says", 1: "not all serving", 3: "drift"}[code]
     print(f"status: {word} (exit {code})", file=sys.stderr)
     return code
@@ -180,6 +185,75 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def cmd_targets(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from tensorless_deploy.cli.output import write_atomic
+    from tensorless_deploy.fleet.status import fleet_targets
+    from tensorless_deploy.hostplan.targets import JOB_PREFIX, scrape_configs_yaml
+
+    inventory, hosts = _hosts(args)
+    jobs, skipped, errors = fleet_targets(inventory, hosts, flags_from(args))
+    files: dict[str, str] = {}
+    if args.output is not None:
+        out = Path(args.output).absolute()
+        configs = []
+        for job in jobs:
+            path = out / f"{job.name}.json"
+            write_atomic(path, json.dumps(job.file_sd(), indent=2) + "\n")
+            files[job.name] = str(path)
+            configs.append(job.scrape_config(str(path)))
+        write_atomic(out / "scrape_configs.yml", scrape_configs_yaml(configs))
+        for old in out.glob(f"{JOB_PREFIX}*.json"):  # jobs this fleet no longer has
+            if str(old) not in files.values():
+                old.unlink()
+    elif len(jobs) > 1 and not args.json:
+        print(
+            f"targets: the fleet needs {len(jobs)} scrape jobs (different API key files or "
+            "TLS): give -o DIR to write one discovery file each and their scrape_configs",
+            file=sys.stderr,
+        )
+        return 2
+    if args.json:
+        emit_json(
+            {
+                "ok": not errors,
+                "jobs": [
+                    job.scrape_config(files.get(job.name, f"{job.name}.json"))
+                    | {"targets": job.file_sd()}
+                    for job in jobs
+                ],
+                "skipped": [{"host": s.host, "unit": s.unit, "why": s.why} for s in skipped],
+                "errors": errors,
+            }
+        )
+        return 1 if errors else 0
+    for s in skipped:
+        print(f"{s.host} {s.unit}: left out: {s.why}", file=sys.stderr)
+    for host, why in errors.items():
+        print(f"{host}: {paint('unreachable', '1;31')}  {why}", file=sys.stderr)
+    if args.output is None:
+        print(json.dumps(jobs[0].file_sd() if jobs else [], indent=2))
+        if jobs and (jobs[0].key_file or jobs[0].ca_file):
+            how = [f"scheme: {jobs[0].scheme}"]
+            if jobs[0].key_file:
+                how.append(f"authorization.credentials_file: {jobs[0].key_file}")
+            if jobs[0].ca_file:
+                how.append(f"tls_config.ca_file: {jobs[0].ca_file}")
+            print(f"targets: scrape them with {', '.join(how)} (-o DIR writes it)", file=sys.stderr)
+    else:
+        for job in jobs:
+            print(f"{files[job.name]}: {len(job.targets)} target(s), job {job.name}")
+        print(
+            f"{Path(args.output).absolute() / 'scrape_configs.yml'}: the jobs, for "
+            "prometheus.yml's scrape_configs"
+        )
+    if not jobs:
+        print("targets: no unit serves /metrics to other machines", file=sys.stderr)
+    return 1 if errors else 0
+
+
 def _model_hosts(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     p.add_argument(
@@ -197,6 +271,14 @@ def register(command: Command) -> None:
     )
     hosts_flags(p, required=False)
     recipes_flag(p)
+    p = command(
+        "targets",
+        "Prometheus file-based discovery of every unit's /metrics (with the API key file and "
+        "TLS where set): print it, or -o DIR writes each job's file and their scrape_configs",
+        cmd_targets,
+    )
+    hosts_flags(p, required=False)
+    p.add_argument("-o", "--output", metavar="DIR", help="write the files here (atomically)")
     p = command("logs", "a model's journal lines from every host, prefixed host and unit", cmd_logs)
     _model_hosts(p)
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="last N lines (50)")

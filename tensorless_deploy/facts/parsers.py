@@ -630,7 +630,8 @@ SERVICE_RESULTS = frozenset(
 def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
     """Blocks of ``@@unit NAME KIND PATH``, ``@@active``, ``@@systemd`` (NRestarts, Result and
     SubState, in any order), ``@@sha FILE [WRITTEN]``, ``@@prev SHA``, ``@@text LINE``...,
-    ``@@inspect JSON``, ``@@health CODE`` (facts/scripts/deployed-units.sh)."""
+    ``@@inspect JSON``, ``@@health CODE``, and when /metrics was read ``@@metric NAME VALUE``...
+    and ``@@metrics CODE`` (facts/scripts/deployed-units.sh)."""
     units: list[DeployedUnit] = []
     cur: dict[str, Any] | None = None
     lines: list[str] = []
@@ -703,5 +704,15 @@ def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
         elif line.startswith("@@health "):
             code = line.split(" ", 1)[1].strip()
             cur["health"] = int(code) if code.isdigit() else 0
+        elif line.startswith("@@metrics "):
+            code = line.split(" ", 1)[1].strip()
+            cur["metrics_status"] = int(code) if code.isdigit() else 0
+        elif line.startswith("@@metric "):
+            parts = line.split()
+            if len(parts) == 3:
+                try:
+                    cur.setdefault("metrics", {})[parts[1]] = float(parts[2])
+                except ValueError:
+                    continue
     close()
     return tuple(units)

@@ -273,8 +273,11 @@ class DeployedUnits(FactBase[tuple[DeployedUnit, ...]]):
     def default() -> tuple[DeployedUnit, ...]:
         return ()  # no output: no unit of ours on the host
 
-    def command(self) -> str:
-        return shell.load("tensorless_deploy.facts", "deployed-units")
+    def command(self, secrets_root: str = "") -> str:
+        """With secrets_root (where the units' API keys are), also each metrics-enabled unit's
+        llama-server /metrics, read with its key."""
+        script = shell.load("tensorless_deploy.facts", "deployed-units")
+        return shell.bind(script, secrets_root=secrets_root) if secrets_root else script
 
     def process(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
         return parse_deployed_units("\n".join(output))

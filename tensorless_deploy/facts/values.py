@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, computed_field, field_validator, model_validator
@@ -482,6 +482,10 @@ class DeployedUnit:
     restarts: int | None = None  # systemd's NRestarts
     result: str | None = None  # systemd's Result: success, exit-code, start-limit-hit...
     sub_state: str | None = None  # systemd's SubState: running, auto-restart, failed...
+    # llama-server's /metrics, read only when asked (status) and the unit enables it: the HTTP
+    # status of the GET (None: not read) and its llamacpp: samples, by name without the prefix
+    metrics_status: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def edited(self) -> bool:

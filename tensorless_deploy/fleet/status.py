@@ -16,8 +16,15 @@ from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.hostplan.status import UnitStatus, unit_status
+from tensorless_deploy.hostplan.targets import Job, Skipped
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
-from tensorless_deploy.launch.spec import secrets_dir, slug, unit_model_slug, unit_name
+from tensorless_deploy.launch.spec import (
+    SECRETS_DIR,
+    secrets_dir,
+    slug,
+    unit_model_slug,
+    unit_name,
+)
 from tensorless_deploy.recipe.catalog import Catalog, Entry
 
 
@@ -53,7 +60,8 @@ def fleet_status(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, flags: Flags | None = None
 ) -> list[HostStatus]:
     """What every host serves, and how it drifted from the catalog: read-only, in parallel,
-    two round trips per host (the survey the host plan needs, and the units with their files)."""
+    two round trips per host (the survey the host plan needs, and the units with their files,
+    health and, where a unit enables them, llama-server's metrics)."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits, HostSurvey
 
     state = new_state(inventory)
@@ -61,7 +69,7 @@ def fleet_status(
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
         facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
-        return facts, h.get_fact(DeployedUnits)
+        return facts, h.get_fact(DeployedUnits, secrets_root=SECRETS_DIR)
 
     results = on_each_host(state, hosts, read)
     out = []
@@ -129,6 +137,43 @@ def read_units(state: Any, hosts: Sequence[Any]) -> dict[str, tuple[DeployedUnit
     return dict(zip([h.name for h in hosts], found, strict=True))
 
 
+def reach_name(host: Any) -> str:
+    """The host's address as the inventory names it: its ssh_hostname, else its name (this
+    machine's own name for @local)."""
+    if str(host.name).startswith("@local"):
+        import socket
+
+        return socket.gethostname()
+    return str(host.data.get("ssh_hostname") or host.name)
+
+
+def fleet_targets(
+    inventory: Any, hosts: Sequence[Any], flags: Flags | None = None
+) -> tuple[list[Job], list[Skipped], dict[str, str]]:
+    """The fleet's Prometheus scrape jobs from the units on every host (one read-only round
+    trip each), the units left out and why, and the hosts that could not be read."""
+    from tensorless_deploy.hostplan.targets import HostUnits, jobs
+
+    state = new_state(inventory)
+    try:
+        found = read_units(state, hosts)
+    finally:
+        disconnect(hosts)
+    read: list[HostUnits] = []
+    errors: dict[str, str] = {}
+    for h in hosts:
+        units = found[h.name]
+        if isinstance(units, str):
+            errors[h.name] = units
+            continue
+        options = options_for(h, flags or Flags())
+        read.append(
+            HostUnits(h.name, reach_name(h), units, options.api_key_file, options.tls_cert_file)
+        )
+    made, skipped = jobs(read)
+    return made, skipped, errors
+
+
 def stop(
     inventory: Any,
     hosts: Sequence[Any],
@@ -143,7 +188,6 @@ def stop(
     on the host by their model label, so a unit whose recipe left the catalog goes too; with
     purge, the model files of the catalog's recipes for it as well."""
     from tensorless_deploy.fleet.apply import Step, apply_steps
-    from tensorless_deploy.operations.secrets import secrets_absent
     from tensorless_deploy.operations.unit import removed
 
     entries = catalog.find(model) if purge else catalog.find_or_none(model)
@@ -157,16 +201,12 @@ def stop(
         assert not isinstance(units, str)
         mine = model_units(units, entries, model)
         todo = [
-            step
-            for u in mine
-            for step in (
-                Step(f"remove {u.name}", removed, dict(service=u.name, paths=unit_paths(u.name))),
-                Step(
-                    f"remove secrets of {u.name}",
-                    secrets_absent,
-                    dict(directory=secrets_dir(u.name)),
-                ),
+            Step(
+                f"remove {u.name}",
+                removed,
+                dict(service=u.name, paths=unit_paths(u.name), secrets=secrets_dir(u.name)),
             )
+            for u in mine
         ]
         if purge:
             for e in entries:

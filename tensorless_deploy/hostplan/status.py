@@ -26,6 +26,63 @@ EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 3
 
 
 @dataclass(frozen=True)
+class Load:
+    """What llama-server's /metrics says of one instance now (its llamacpp: samples)."""
+
+    busy_slots: int  # requests_processing: slots working on a request
+    queued: int  # requests_deferred: requests waiting for a free slot
+    # generation speed since the server started: tokens_predicted_total over
+    # tokens_predicted_seconds_total (the predicted_tokens_seconds gauge covers only the time
+    # since the last read of /metrics by anyone, and each read resets it)
+    tokens_per_second: float
+    tokens_predicted: int  # tokens_predicted_total: generated since the server started
+    prompt_tokens: int  # prompt_tokens_total: prompt tokens processed since it started
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "busy_slots": self.busy_slots,
+            "queued_requests": self.queued,
+            "tokens_per_second": self.tokens_per_second,
+            "tokens_predicted_total": self.tokens_predicted,
+            "prompt_tokens_total": self.prompt_tokens,
+        }
+
+    def text(self) -> str:
+        return (
+            f"{self.busy_slots} busy, {self.queued} queued, {self.tokens_per_second:.1f} tok/s gen"
+        )
+
+
+def load(u: DeployedUnit) -> tuple[Load | None, str | None]:
+    """The unit's load from the /metrics it answered, or why there is none (None, None: the unit
+    does not enable metrics, or they were not asked for)."""
+    if u.metrics_status is None:
+        return None, None
+    if u.metrics_status != 200:
+        why = {
+            0: "/metrics did not answer",
+            401: "/metrics answered 401: the unit's API key on the host is readable by root "
+            "only (status as root, or with _sudo)",
+        }.get(u.metrics_status, f"/metrics answered {u.metrics_status}")
+        return None, why
+    m = u.metrics
+    tokens, seconds = (
+        m.get("tokens_predicted_total", 0.0),
+        m.get("tokens_predicted_seconds_total", 0.0),
+    )
+    return (
+        Load(
+            busy_slots=int(m.get("requests_processing", 0)),
+            queued=int(m.get("requests_deferred", 0)),
+            tokens_per_second=round(tokens / seconds, 2) if seconds > 0 else 0.0,
+            tokens_predicted=int(m.get("tokens_predicted_total", 0)),
+            prompt_tokens=int(m.get("prompt_tokens_total", 0)),
+        ),
+        None,
+    )
+
+
+@dataclass(frozen=True)
 class UnitStatus:
     unit: str
     kind: str
@@ -41,6 +98,8 @@ class UnitStatus:
     drift: tuple[FieldDrift, ...]
     restarts: int | None = None
     rollback: bool = False  # a previous unit is kept: `rollback` can bring it back
+    load: Load | None = None  # from /metrics, where the unit enables it
+    load_error: str | None = None  # why a metrics-enabled unit's /metrics could not be read
 
     def json(self) -> dict[str, Any]:
         return {
@@ -57,6 +116,8 @@ class UnitStatus:
             "image": self.image,
             "restarts": self.restarts,
             "rollback_available": self.rollback,
+            "metrics": self.load.json() if self.load is not None else None,
+            "metrics_error": self.load_error,
             "drift": [
                 {"field": d.field, "deployed": d.deployed, "wanted": d.wanted} for d in self.drift
             ],
@@ -130,6 +191,7 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
             if u.image and u.image != plan.recipe.engine.image:
                 found.append(FieldDrift("image", u.image, plan.recipe.engine.image))
     state = _state(u)
+    now, unread = load(u)
     return UnitStatus(
         unit=u.name,
         kind=u.kind,
@@ -145,6 +207,8 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
         drift=_dedupe(found),
         restarts=u.restarts,
         rollback=u.previous_sha256 is not None,
+        load=now,
+        load_error=unread,
     )
 
 

@@ -125,9 +125,11 @@ def serve_plan(
             secrets_absent(name=f"no secrets for {inst.name}", directory=where)
     for u in plan.surplus:  # instances the plan no longer has (the count went down)
         metas[f"remove {u.name}"] = removed(
-            name=f"remove surplus instance {u.name}", service=u.name, paths=(u.path,)
+            name=f"remove surplus instance {u.name}",
+            service=u.name,
+            paths=(u.path,),
+            secrets=secrets_dir(u.name),
         )
-        secrets_absent(name=f"no secrets for {u.name}", directory=secrets_dir(u.name))
     if steps is not None:
         steps[host.name] = metas
 

@@ -14,6 +14,7 @@ from pyinfra.context import host
 from tensorless_deploy.facts.pyinfra import FileSha256, HttpStatus, ModelBlob
 from tensorless_deploy.hub import cache_paths, host_state_dir
 from tensorless_deploy.operations._run import Commands, script
+from tensorless_deploy.operations.secrets import SecretFiles
 
 
 def _kind(path: str) -> str:
@@ -130,6 +131,7 @@ def removed(
     revision: str | None = None,
     filename: str | None = None,
     sha256: str | None = None,
+    secrets: str | None = None,
 ) -> Commands:
     """
     Stop a unit and remove its file, and with the model's coordinates its model file too.
@@ -145,6 +147,7 @@ def removed(
     + revision: the model's pinned commit
     + filename: the model file's path in the repository
     + sha256: the model file's sha256 (its blob's name)
+    + secrets: the unit's secrets directory (its API key, TLS files), removed with it
 
     **Example:**
 
@@ -172,9 +175,13 @@ def removed(
         if model
         else None
     )
+    kept = bool(secrets and host.get_fact(SecretFiles, directory=secrets))
     if not present and (
         blob is None or (not blob.exists and blob.link is None and blob.stamp is None)
     ):
+        if kept:
+            yield script("secret-remove", dir=secrets)
+            return
         host.noop(f"{service} is not deployed here")
         return
     purge = (
@@ -197,6 +204,8 @@ def removed(
             purge="yes" if model else "no",
             **purge,
         )
+    if kept:
+        yield script("secret-remove", dir=secrets)
 
 
 @operation()

@@ -39,7 +39,11 @@ def command_property(fact: Any, command: str) -> dict[str, Any]:
     if sections:
         return {"sections": sections}
     for script in (resources.files("tensorless_deploy.facts") / "scripts").iterdir():
-        if script.name.endswith(".sh") and script.read_text(encoding="utf-8") == command:
+        text = script.read_text(encoding="utf-8") if script.name.endswith(".sh") else None
+        # a script as it is, or bound to its parameters (shell.bind: set -u, assignments, it)
+        if text is not None and (
+            command == text or (command.startswith("set -u\n") and command.endswith("\n" + text))
+        ):
             return {"script": script.name[: -len(".sh")]}
     return {"command": command}
 

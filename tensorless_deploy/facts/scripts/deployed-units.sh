@@ -3,7 +3,11 @@
 # bench, rollback and prune (read by facts.parsers.parse_deployed_units). Per unit: its kind and
 # path, systemd's view of it, the file's sha256 and the one this tool recorded when it wrote it,
 # whether a previous unit is kept (rollback), the file itself (one @@text line per line), the
-# running container's labels and image, and /health at the labelled URL.
+# running container's labels and image, and /health at the labelled URL. Given secrets_root (the
+# directory of the units' secrets), a unit labelled io.tensorless.metrics=true also has its
+# llama-server /metrics read (@@metric NAME VALUE for each llamacpp: sample, @@metrics CODE), with
+# the unit's API key sent as a header read from curl's stdin (-H @-), never in argv.
+: "${secrets_root=}"
 hashit() { (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d' ' -f1; }
 for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tensorless-*.service; do
   [ -f "$f" ] || continue
@@ -30,6 +34,16 @@ for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tens
   url=$(grep -o 'io\.tensorless\.health=[^" ]*' "$f" | head -n 1 | cut -d= -f2-)
   if [ -n "$url" ]; then
     echo "@@health $(curl -s -k -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"
+    if [ -n "$secrets_root" ] && grep -q 'io\.tensorless\.metrics=true' "$f"; then
+      key="$secrets_root/$n/api-key"
+      if [ -r "$key" ]; then
+        body=$({ printf 'Authorization: Bearer '; cat "$key"; } |
+          curl -s -k --max-time 3 -H @- -w '\n@@metrics %{http_code}' "${url%/health}/metrics" 2>/dev/null)
+      else
+        body=$(curl -s -k --max-time 3 -w '\n@@metrics %{http_code}' "${url%/health}/metrics" 2>/dev/null)
+      fi
+      printf '%s\n' "$body" | sed -n -e 's/^llamacpp:\([a-z_]*\) \([-+.0-9eE]*\)$/@@metric \1 \2/p' -e '/^@@metrics [0-9]*$/p'
+    fi
   fi
 done
 true
