@@ -290,6 +290,8 @@ def test_token_never_shows(fleet: Fleet) -> None:
         "ls -A /run/tensorless",
     ):
         assert token not in fleet.sh("gpu1", place, check=False)
+    staged = f"grep -rlF {token} /tmp /var/tmp /dev/shm /run /root 2>/dev/null"
+    assert fleet.sh("gpu1", staged, check=False).strip() == ""  # no copy left anywhere
     assert fleet.sh("gpu1", "ls -A /run/tensorless", check=False).strip() == ""
 
 

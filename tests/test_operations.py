@@ -117,7 +117,11 @@ def render(command: Any) -> Any:
         command = StringCommand(command.strip())
     if isinstance(command, StringCommand):
         text = command.get_raw_value()
-        return _bound_script(text) or text
+        rendered = _bound_script(text) or text
+        stdin = command.connector_arguments.get("_stdin")
+        if stdin is not None:  # what the command reads: a secret's only way to the host
+            return {"stdin": stdin, "command": rendered}
+        return rendered
     if isinstance(command, FileUploadCommand):
         assert hasattr(command.src, "read"), "uploads from the controller's disk: none expected"
         command.src.seek(0)
@@ -189,14 +193,20 @@ def test_operation(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert host.noop_description is None, "commands and a noop at once"
     token = case.get("args", {}).get("token")
     if token:
-        # a secret reaches the host only as an uploaded file's content, never in a command line
-        uploads = {c[2]: c[1] for c in commands if isinstance(c, list) and c[0] == "upload"}
-        rest = [c for c in commands if not (isinstance(c, list) and c[0] == "upload")]
+        # a secret reaches the host only through a secret-write's stdin: no command line and
+        # no upload carries it (pyinfra's upload with _sudo stages a world-readable file)
+        assert not any(isinstance(c, list) and c[0] == "upload" for c in commands), "an upload"
+        written = {
+            c["command"]["params"]["path"]: c["stdin"]
+            for c in commands
+            if isinstance(c, dict) and "stdin" in c and c["command"]["script"] == "secret-write"
+        }
+        rest = [c["command"] if isinstance(c, dict) and "stdin" in c else c for c in commands]
         assert token not in json.dumps(rest), "the token is in a command line"
         for c in rest:
-            auth = c["params"].get("auth") if isinstance(c, dict) else None
-            if auth:
-                assert token in uploads[auth], "curl's header file does not hold the token"
+            if isinstance(c, dict) and c["script"] == "model-download":
+                assert c["params"]["auth"], "a download without the token it was given"
+                assert token in written[c["params"]["auth"]], "curl's header file lacks the token"
 
 
 def test_the_fake_host_refuses_a_fact_the_scenario_does_not_give() -> None:

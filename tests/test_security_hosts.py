@@ -416,7 +416,7 @@ def test_secrets_over_sudo_pass_no_predictable_or_readable_file(
 
 def _old_upload(host: Host, marker: str, dest: str, safe: bool = False) -> None:
     """One pyinfra operation as operator with _sudo: the secret by FileUploadCommand (how
-    operations.model sends the Hub token today) or by operations.secrets.secret_command."""
+    operations.model sent the Hub token before it used secret_command) or by operations.secrets.secret_command."""
     script = f"""
 import sys
 from io import StringIO

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import posixpath
-from io import StringIO
 
-from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from tensorless_deploy.facts.pyinfra import ModelBlob
 from tensorless_deploy.hub import cache_paths, host_state_dir, resolve_url
 from tensorless_deploy.operations._run import Commands, script
+from tensorless_deploy.operations.secrets import secret_command
 
 SECRETS_DIR = "/run/tensorless"
 DOWNLOAD_ATTEMPTS = 5
@@ -86,11 +85,11 @@ def model(
         return
     auth = ""
     if token:
-        # The token travels as a file read by curl -H @file: never in argv, units or logs.
+        # The token travels as a 0600 file read by curl -H @file, written through a command's
+        # stdin: never in argv, units or logs, and never pyinfra's upload (whose _sudo stage is
+        # a predictable, world-readable /tmp/pyinfra-<sha1> file).
         auth = posixpath.join(SECRETS_DIR, f"hf-auth-{sha256[:16]}")
-        yield StringCommand("install", "-d", "-m", "700", SECRETS_DIR)
-        yield FileUploadCommand(StringIO(f"Authorization: Bearer {token}\n"), auth)
-        yield StringCommand("chmod", "600", auth)
+        yield secret_command(auth, f"Authorization: Bearer {token}\n")
     yield script(
         "model-download",
         sha=sha256,
