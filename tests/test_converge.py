@@ -155,6 +155,17 @@ def test_what_the_survey_cannot_tell_is_never_taken_as_converged() -> None:
     assert not converged(None)
 
 
+def test_a_plan_with_a_key_is_never_judged_from_the_survey() -> None:
+    """The survey reads no secret, so a changed key on the controller could not show there:
+    a plan that mounts a key goes through the secrets operation, which compares it."""
+    facts = _pristine()
+    key = str(TESTS / "fixtures" / "secrets" / "api.key")
+    entry = Entry("tensorless-test/tiny-llama-GGUF/p100.toml", _recipe())
+    plan = plan_host("gpu1", facts, [entry], resolve(Flags(api_key_file=key), None, "gpu1"))
+    assert plan.ok and plan.instances[0].spec.secrets
+    assert survey_steps(plan, _with(facts, _converged_tool(plan))) is None
+
+
 def test_a_surplus_instance_is_a_step() -> None:
     facts = _pristine()
     plan = _plan(facts)
@@ -426,3 +437,33 @@ def test_watch_sees_a_second_read() -> None:
         watch.close()
     finally:
         shutil.rmtree(d)
+
+
+def test_a_dry_run_restarts_for_a_new_key_even_with_the_same_unit() -> None:
+    """pyinfra cannot say at prepare time whether the restart's _if holds: the dry run judges it
+    from the unit and the secrets, as the real run's any_changed does."""
+    from types import SimpleNamespace
+
+    from tensorless_deploy.fleet.deploy import _dry_steps
+
+    def meta(change: bool) -> Any:
+        return SimpleNamespace(will_change=change)
+
+    def outcomes(key: bool, unit: bool) -> dict[str, str]:
+        metas = {
+            "secrets": meta(key),
+            "unit": meta(unit),
+            "restart": meta(True),  # a guarded follow-up always says it would
+            "serving": meta(True),
+        }
+        return {r.name: r.outcome for r in _dry_steps(metas)}
+
+    assert outcomes(key=True, unit=False) == {
+        "secrets": "would change",
+        "unit": "no change",
+        "restart": "would change",
+        "serving": "no change",
+    }
+    assert outcomes(key=False, unit=False)["restart"] == "no change"
+    assert outcomes(key=False, unit=False)["serving"] == "would change"
+    assert outcomes(key=False, unit=True)["restart"] == "would change"

@@ -167,6 +167,32 @@ def test_api_beyond_loopback_needs_the_key_and_it_is_nowhere_else(fleet: Fleet) 
     rc, report, out = fleet.deploy(names, KEYED)
     assert rc == 0 and set(_outcomes(report).values()) == {"unchanged"}, out
 
+    # a new key on the controller, the unit text the same: a dry run says the restart would
+    # happen, and the deploy restarts the server with it (the old key refused from then on)
+    rotated = fleet.tmp / "rotated.key"
+    rotated.write_text("rotated-key-" + "9" * 32 + "\n")
+    rotated.chmod(0o600)
+    newer = {**KEYED, "tensorless_api_key_file": str(rotated)}
+    inv = fleet.inventory(["gpu1"], newer)
+    proc = cli(
+        "--json",
+        "deploy",
+        "-i",
+        str(inv),
+        "tiny",
+        "--recipes",
+        str(fleet.catalog),
+        "--dry-run",
+        env=fleet.env,
+    )
+    dry = {s["name"]: s["outcome"] for s in json.loads(proc.stdout)["hosts"][0]["steps"]}
+    assert dry["unit"] == "no change" and dry["restart"] == "would change", proc.stdout
+    rc, report, out = fleet.deploy(["gpu1"], newer)
+    assert rc == 0 and _outcomes(report) == {"gpu1": "changed"}, out
+    base = f"http://{fleet.hosts['gpu1'].ip}:8080"
+    assert _status(f"{base}/v1/models", rotated.read_text().strip()) == 200
+    assert _status(f"{base}/v1/models", key) == 401
+
     # tensorless_insecure_open: the operator's explicit yes to a keyless wide bind
     rc, report, out = fleet.deploy(["gpu1"], {"tensorless_bind": "0.0.0.0", **OPEN})
     assert rc == 0 and _outcomes(report) == {"gpu1": "changed"}, out
@@ -416,7 +442,7 @@ def test_secrets_over_sudo_pass_no_predictable_or_readable_file(
 
 def _old_upload(host: Host, marker: str, dest: str, safe: bool = False) -> None:
     """One pyinfra operation as operator with _sudo: the secret by FileUploadCommand (how
-    operations.model sent the Hub token before it used secret_command) or by operations.secrets.secret_command."""
+    operations.model sent the Hub token before) or by operations.secrets.secret_command."""
     script = f"""
 import sys
 from io import StringIO

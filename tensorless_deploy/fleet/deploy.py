@@ -99,10 +99,13 @@ def _step(name: str, instance: int, count: int) -> str:
 def survey_steps(plan: HostPlan, facts: HostFacts) -> dict[str, bool] | None:
     """Every step ``serve_plan`` would take on this host and whether it would change anything,
     judged from the survey alone (the same tests its operations make with their own facts); None
-    where the survey cannot tell (a survey without the tool-state section, images not listed)."""
+    where the survey cannot tell (a survey without the tool-state section, images not listed,
+    a key or TLS files to compare)."""
     tool = facts.tool
     if tool is None or plan.recipe is None or plan.paths is None or not plan.instances:
         return None
+    if any(inst.spec.secrets for inst in plan.instances):
+        return None  # the survey reads no secret: the secrets operation compares them itself
     held = tool.has_image(plan.instances[0].spec.engine, plan.recipe.engine.image)
     if held is None:
         return None
@@ -174,15 +177,17 @@ def _meta_lines(meta: Any) -> tuple[str, ...]:
 def _dry_steps(metas: dict[str, Any]) -> tuple[StepResult, ...]:
     """What a real run would do, step by step. pyinfra cannot know at prepare time whether a
     follow-up guarded by ``_if=unit.did_change`` will run, so the restart is judged from its
-    unit: it would run exactly when the unit would change."""
+    unit and secrets: it would run exactly when either would change."""
     out = []
     for name, meta in metas.items():
         kind, _, suffix = name.partition(" ")
         unit = metas.get(f"unit {suffix}".strip())
+        keys = metas.get(f"secrets {suffix}".strip())  # a new key restarts it as well
+        before = bool(unit is not None and unit.will_change) or bool(keys and keys.will_change)
         if kind == "restart" and unit is not None:
-            changing = bool(unit.will_change)
+            changing = before
         elif kind == "serving" and unit is not None:
-            changing = not unit.will_change and bool(meta.will_change)
+            changing = not before and bool(meta.will_change)
         else:
             changing = bool(meta.will_change)
         out.append(StepResult(name, "would change" if changing else "no change"))

@@ -175,12 +175,12 @@ def removed(
         if model
         else None
     )
-    kept = bool(secrets and host.get_fact(SecretFiles, directory=secrets))
+    kept = secrets if secrets and host.get_fact(SecretFiles, directory=secrets) else ""
     if not present and (
         blob is None or (not blob.exists and blob.link is None and blob.stamp is None)
     ):
         if kept:
-            yield script("secret-remove", dir=secrets)
+            yield script("secret-remove", dir=kept)
             return
         host.noop(f"{service} is not deployed here")
         return
@@ -205,7 +205,7 @@ def removed(
             **purge,
         )
     if kept:
-        yield script("secret-remove", dir=secrets)
+        yield script("secret-remove", dir=kept)
 
 
 @operation()
