@@ -354,3 +354,24 @@ def test_a_host_deploy_would_refuse_is_refused_with_the_check(tiny_path: Path) -
         assert p.error_code == NO_VALID_PLACEMENT
         assert p.error and p.error.startswith("deploy would refuse this host: port.free: ")
         assert "127.0.0.1:8080 is taken" in p.error and p.max_context_tokens is not None
+
+
+def test_headers_read_once_then_planned_with_the_hub_gone(tiny_path: Path, tmp_path: Path) -> None:
+    """A real Range read from a Hub-style server fills the per-commit cache; with the server
+    stopped the same header comes from the cache, and a fresh cache says how to get it."""
+    from tensorless_deploy.local.headers import read_headers
+    from tests.hosts.hf_server import HFServer
+
+    key = ("tensorless-test/plan-GGUF", "1" * 40, tiny_path.name)
+    with HFServer("127.0.0.1", 0) as hf:
+        hf.publish(key[0], {key[2]: tiny_path.read_bytes()}, commit=key[1])
+        base = hf.url
+        first = read_headers([key], tmp_path / "headers", endpoint=base)[key]
+    assert first.header is not None and not first.cached, first.error
+    again = read_headers([key], tmp_path / "headers", endpoint=base)[key]
+    assert again.header is not None and again.cached
+    assert again.header.tensor_count == first.header.tensor_count
+    gone = read_headers([key], tmp_path / "empty", endpoint=base)[key]
+    assert gone.header is None and gone.error is not None
+    assert "cannot fetch" in gone.error and "HF_ENDPOINT" in gone.error
+    assert str(tmp_path / "empty") in gone.error and "\n" not in gone.error

@@ -52,6 +52,11 @@ def read_headers(
                     repo, revision, filename, token=token, endpoint=base, cache_dir=cache
                 )
         except TensorlessError as exc:
+            if exc.fix is None and ": cannot fetch: " in exc.message:
+                exc.fix = (
+                    f"reach {base} (or a mirror of it: HF_ENDPOINT) once; each commit's header is "
+                    f"then kept in {cache or header_cache_dir()} and planning needs no network"
+                )
             return HeaderResult(None, exc.lines()[0])
         return HeaderResult(h, None, cached=h.bytes_fetched == 0)
 
