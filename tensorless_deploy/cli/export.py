@@ -46,31 +46,17 @@ def init_step(recipe: Recipe, models_dir: str) -> InitStep:
     """operations/scripts/model-download.sh (with lib.sh, as operations._run.script prepends
     it) bound to the pod's cache paths and the pinned revision's URL; auth is left to the
     init program (the token comes from a Secret at run time)."""
-    from tensorless_deploy import shell
     from tensorless_deploy.hub import cache_paths, host_state_dir, resolve_url
     from tensorless_deploy.launch.kube import InitStep
-    from tensorless_deploy.operations._run import LIB_DIRECTIVE, PACKAGE
-    from tensorless_deploy.operations.model import DOWNLOAD_ATTEMPTS, SECRETS_DIR
+    from tensorless_deploy.operations._run import bound
+    from tensorless_deploy.operations.model import SECRETS_DIR, download_params
 
     m = recipe.model
     paths = cache_paths(
         models_dir, host_state_dir(models_dir), m.hf_repo, m.revision, m.file, m.sha256
     )
-    text = shell.load(PACKAGE, "model-download")
-    if LIB_DIRECTIVE in text:
-        text = shell.load(PACKAGE, "lib") + "\n" + text
-    script = shell.bind(
-        text,
-        blob=paths.blob,
-        stamp=paths.stamp,
-        snapshot=paths.snapshot,
-        target=paths.link_target,
-        sha=m.sha256,
-        partial=paths.partial,
-        size=m.size_bytes,
-        url=resolve_url(m.hf_repo, m.revision, m.file),
-        attempts=DOWNLOAD_ATTEMPTS,
-    )
+    url = resolve_url(m.hf_repo, m.revision, m.file)
+    script = bound("model-download", **download_params(paths, m.sha256, m.size_bytes, url))
     return InitStep(
         script=script,
         volume_root=POD_VOLUME_ROOT,

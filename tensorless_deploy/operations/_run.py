@@ -17,10 +17,15 @@ PACKAGE = "tensorless_deploy.operations"
 LIB_DIRECTIVE = "# needs: lib.sh"
 
 
-def script(which: str, /, **params: str | int) -> StringCommand:
-    """operations/scripts/<which>.sh with its parameters bound, as one `sh -c` command; a script
-    that says ``# needs: lib.sh`` gets lib.sh's functions before it."""
+def bound(which: str, /, **params: str | int) -> str:
+    """operations/scripts/<which>.sh with its parameters bound, as shell text; a script that
+    says ``# needs: lib.sh`` gets lib.sh's functions before it."""
     text = shell.load(PACKAGE, which)
     if LIB_DIRECTIVE in text:
         text = shell.load(PACKAGE, "lib") + "\n" + text
-    return StringCommand("sh -c " + shlex.quote(shell.bind(text, **params)))
+    return shell.bind(text, **params)
+
+
+def script(which: str, /, **params: str | int) -> StringCommand:
+    """``bound(which, **params)`` as one `sh -c` command."""
+    return StringCommand("sh -c " + shlex.quote(bound(which, **params)))

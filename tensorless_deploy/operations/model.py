@@ -8,7 +8,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 
 from tensorless_deploy.facts.pyinfra import ModelBlob
-from tensorless_deploy.hub import cache_paths, host_state_dir, resolve_url
+from tensorless_deploy.hub import CachePaths, cache_paths, host_state_dir, resolve_url
 from tensorless_deploy.operations._run import Commands, script
 from tensorless_deploy.operations.secrets import secret_command
 
@@ -92,11 +92,22 @@ def model(
         yield secret_command(auth, f"Authorization: Bearer {token}\n")
     yield script(
         "model-download",
+        **download_params(paths, sha256, size, url or resolve_url(repo, revision, filename)),
+        auth=auth,
+    )
+
+
+def download_params(paths: CachePaths, sha256: str, size: int, url: str) -> dict[str, str | int]:
+    """model-download.sh's parameters but its auth file: one download, whoever runs it (this
+    operation; the pod's init step of an export, whose program supplies auth)."""
+    return dict(
+        blob=paths.blob,
+        stamp=paths.stamp,
+        snapshot=paths.snapshot,
+        target=paths.link_target,
         sha=sha256,
         partial=paths.partial,
         size=size,
-        url=url or resolve_url(repo, revision, filename),
+        url=url,
         attempts=DOWNLOAD_ATTEMPTS,
-        auth=auth,
-        **where,
     )
