@@ -66,6 +66,17 @@ def dry_run_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def serving_flags(p: argparse.ArgumentParser) -> None:
+    """--port and --bind of the commands that judge or converge inventory hosts: each wins over
+    the host's tensorless_port / tensorless_bind (decisions.options.resolve)."""
+    p.add_argument(
+        "--port", type=int, metavar="N", help="API port (default: tensorless_port, else 8080)"
+    )
+    p.add_argument(
+        "--bind", metavar="ADDR", help="API address (default: tensorless_bind, else 127.0.0.1)"
+    )
+
+
 def instances_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--instances",

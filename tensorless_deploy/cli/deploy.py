@@ -15,6 +15,7 @@ from tensorless_deploy.cli.common import (
     print_results,
     recipes_flag,
     result_json,
+    serving_flags,
 )
 from tensorless_deploy.cli.output import emit_json
 from tensorless_deploy.errors import UsageError
@@ -191,15 +192,7 @@ def register(command: Command) -> None:
         metavar="N",
         help="context instead of the recipe's (marks the run untuned)",
     )
-    p.add_argument(
-        "--port",
-        type=int,
-        metavar="N",
-        help="API port (default: the host's tensorless_port, else 8080)",
-    )
-    p.add_argument(
-        "--bind", metavar="ADDR", help="API address (default: tensorless_bind, else 127.0.0.1)"
-    )
+    serving_flags(p)
     instances_flag(p)
     p.set_defaults(takes_extra=True)
     recipes_flag(p)

@@ -12,6 +12,7 @@ from tensorless_deploy.cli.common import (
     hosts_flags,
     instances_flag,
     recipes_flag,
+    serving_flags,
 )
 from tensorless_deploy.cli.output import emit_json, paint, table
 
@@ -93,13 +94,6 @@ def register(command: Command) -> None:
         help="repo ids or short names (default: readiness, and what each host can serve)",
     )
     p.add_argument("--allow-draft", action="store_true", help="accept draft recipes")
-    p.add_argument(
-        "--port", type=int, metavar="N", help="serving port (default: tensorless_port, else 8080)"
-    )
-    p.add_argument(
-        "--bind",
-        metavar="ADDR",
-        help="serving address (default: tensorless_bind, else 127.0.0.1)",
-    )
+    serving_flags(p)
     instances_flag(p)
     recipes_flag(p)

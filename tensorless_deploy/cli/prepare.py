@@ -13,6 +13,7 @@ from tensorless_deploy.cli.common import (
     dry_run_flag,
     flags_from,
     recipes_flag,
+    serving_flags,
 )
 from tensorless_deploy.cli.output import emit_json, paint
 
@@ -103,10 +104,5 @@ def register(command: Command) -> None:
         help="its signing key (default: tensorless_toolkit_key, else REPO/gpgkey)",
     )
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
-    p.add_argument(
-        "--port", type=int, metavar="N", help="serving port (default: tensorless_port, else 8080)"
-    )
-    p.add_argument(
-        "--bind", metavar="ADDR", help="serving address (default: tensorless_bind, else 127.0.0.1)"
-    )
+    serving_flags(p)
     recipes_flag(p)
