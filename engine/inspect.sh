@@ -95,6 +95,11 @@ R=$TMP/root
 ok "/usr/bin/llama-server"
 [ -x "$R/usr/bin/curl" ] || die "no /usr/bin/curl (the units' health check runs curl inside the container)"
 ok "/usr/bin/curl"
+for t in sh sha256sum stat head tee cut mv ln; do  # the exports' init step: model-download.sh
+  [[ -e $R/usr/bin/$t || -L $R/usr/bin/$t || -L $R/bin/$t ]] \
+    || die "no /usr/bin/$t (the exports' init step runs the model download in the engine image)"
+done
+ok "sh and coreutils (sha256sum stat head tee cut mv ln)"
 for lib in libcudart.so.12 libcublas.so.12 libcublasLt.so.12; do
   found=$(find "$R/usr/lib" "$R/usr/local" -name "$lib" 2>/dev/null | head -1 || true)
   [ -n "$found" ] || die "no $lib (the CUDA runtime and cuBLAS are part of the image)"

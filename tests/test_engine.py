@@ -245,6 +245,10 @@ def fake_engine(root: Path, *, ggml_cuda: bytes | None = None) -> Path:
         path.write_bytes(data)
         path.chmod(0o755)
     (root / lib / "libcublasLt.so.12").symlink_to("libcublasLt.so.12.4.5.8")
+    for tool in ("dash", "sha256sum", "stat", "head", "tee", "cut", "mv", "ln"):
+        (root / "usr/bin" / tool).write_bytes(b"")
+        (root / "usr/bin" / tool).chmod(0o755)
+    (root / "usr/bin/sh").symlink_to("dash")
     (root / "etc").mkdir()
     (root / "etc/passwd").write_text("root:x:0:0::/root:/bin/sh\n")
     return root
@@ -340,7 +344,8 @@ def test_inspect_accepts_an_image_that_meets_the_contract(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("change", "says"),
     [("ptx", "must be exactly ELF:sm_60"), ("compiler", "holds what an engine image must not"),
-     ("arch", "expected sm90"), ("nocurl", "no /usr/bin/curl"), ("size", "more than --max-mb")],
+     ("arch", "expected sm90"), ("nocurl", "no /usr/bin/curl"), ("size", "more than --max-mb"),
+     ("notee", "no /usr/bin/tee (the exports' init step")],
 )  # fmt: skip
 def test_inspect_refuses_a_broken_image(tmp_path: Path, change: str, says: str) -> None:
     root = fake_engine(tmp_path / "root",
@@ -349,6 +354,8 @@ def test_inspect_refuses_a_broken_image(tmp_path: Path, change: str, says: str) 
         (root / "usr/bin/nvcc").write_bytes(b"")
     if change == "nocurl":
         (root / "usr/bin/curl").unlink()
+    if change == "notee":
+        (root / "usr/bin/tee").unlink()
     if change == "size":
         (root / "usr/lib/big").write_bytes(b"\0" * (3 << 20))
     oci(root, tmp_path / "img", *SM60_LABELS)
