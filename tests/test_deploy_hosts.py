@@ -409,3 +409,67 @@ def test_bench_through_ssh_tunnel_against_the_receipt(fleet: Fleet) -> None:
         "gpu2",
     )
     assert proc.returncode == 1 and "gpu2: tensorless-tiny-p100 is not deployed here" in proc.stderr
+
+
+def _on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """The CLI with its stderr on a pseudo-terminal (as an operator's shell gives it) and its
+    stdout on a pipe: (exit code, stdout, what the terminal received)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    full = {**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", "NO_COLOR": "1", **env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorless_deploy", *argv],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env=full,
+        text=True,
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    out = proc.stdout.read() if proc.stdout else ""
+    return proc.wait(timeout=300), out, seen.decode(errors="replace")
+
+
+def test_transfers_show_progress_on_a_terminal_and_never_in_json(fleet: Fleet) -> None:
+    """A host's own download (polled on its SSH connection while it runs) and a push from this
+    machine each draw one line on a terminal: hosts, MB of the total, and at the end 100 %."""
+    size = fleet.recipe()["model"]["size_bytes"]
+    total = f"{size / 1e6:,.1f}"
+    base = ["-i", str(fleet.inventory), "tiny", "--recipes", str(fleet.catalog), "--limit", "gpu1"]
+    # slow the download so the poll sees it run
+    fleet.hf.add_fault("stall", repo_id=TINY_REPO, filename=FILE, after_bytes=1000, seconds=3)
+    rc, out, term = _on_a_terminal(["deploy", *base], fleet.env)
+    assert rc == 0, out + term
+    drawn = [seg.split("\r")[-1].strip() for seg in term.replace("\r\n", "\n").split("\n")]
+    downloads = [line for line in drawn if line.startswith("download model: 1 host(s), ")]
+    assert downloads and downloads[-1].startswith(
+        f"download model: 1 host(s), {total}/{total} MB"
+    ), term
+    assert "\r" in term  # redrawn in place while it ran
+    fleet.hf.clear_faults()
+
+    stop = cli("stop", "tiny", "-i", str(fleet.inventory), "--limit", "gpu1", "--purge",
+               "--recipes", str(fleet.catalog), env=fleet.env)  # fmt: skip
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    rc, out, term = _on_a_terminal(["deploy", *base, "--transfer", "push"], fleet.env)
+    assert rc == 0, out + term
+    assert f"push model: 1 host(s), {total}/{total} MB (100%)" in term, term
+
+    fleet.sh("gpu1", f"systemctl stop {UNIT}; rm -f /var/lib/tensorless/models/*/blobs/*")
+    fleet.hf.add_fault("stall", repo_id=TINY_REPO, filename=FILE, after_bytes=1000, seconds=2)
+    rc, out, term = _on_a_terminal(["--json", "deploy", *base], fleet.env)
+    assert rc == 0 and out.startswith("{"), out + term
+    assert "MB" not in term and "host(s)" not in term, term

@@ -190,24 +190,98 @@ def print_results(results: Sequence[HostResult], verbose: int) -> None:
                     print(f"    {line}")
 
 
-class Bar:
-    """A one-line progress bar on stderr (redrawn only on a terminal, at most 10 times a second)."""
+def rate_eta(done: int, total: int, moved: int, seconds: float) -> str:
+    """ "12.3 MB/s, ETA 0:42" from bytes moved in seconds (empty until a rate can be told)."""
+    if seconds < 0.5 or moved <= 0:
+        return ""
+    rate = moved / seconds
+    left = max(total - done, 0) / rate
+    return f", {rate / 1e6:,.1f} MB/s, ETA {int(left) // 60}:{int(left) % 60:02d}"
 
-    def __init__(self, label: str, total: int) -> None:
+
+class Bar:
+    """A one-line progress bar on stderr (redrawn only on a terminal, at most 10 times a second,
+    never with --json): percent, MB, rate and time left."""
+
+    def __init__(self, label: str, total: int, *, quiet: bool = False) -> None:
         self.label, self.total, self.last = label, total, 0.0
-        self.tty = sys.stderr.isatty()
+        self.tty = sys.stderr.isatty() and not quiet
+        self.t0 = time.monotonic()
+        self.first: int | None = None
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
+        if self.first is None:
+            self.first, self.t0 = done, now  # a resumed file's bytes are no part of the rate
         if not self.tty or (now - self.last < 0.1 and done < total):
             return
         self.last = now
         pct = 100 * done / total if total else 100.0
         bar = "#" * int(pct / 5)
         cr = own("\r", sys.stderr)  # the bar's own carriage return passes the terminal guard
+        speed = rate_eta(done, total, done - self.first, now - self.t0)
         sys.stderr.write(
             f"{cr}{self.label} [{bar:<20}] {pct:5.1f}% {done / 1e6:,.1f}/{total / 1e6:,.1f} MB"
+            f"{speed}   "
         )
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+class FleetProgress:
+    """Transfers on many hosts at once (fleet.push.Progress), one line per kind of transfer on a
+    terminal: hosts, MB there of the total, rate, time left, and the slowest host. Nothing on a
+    pipe or with --json. close() ends an open line (a host that stopped never reaches 100 %)."""
+
+    def __init__(self, *, quiet: bool = False) -> None:
+        self.tty = sys.stderr.isatty() and not quiet
+        self.hosts: dict[str, dict[str, tuple[int, int]]] = {}  # what -> host -> (done, total)
+        self.start: dict[str, tuple[float, int]] = {}  # what -> (first seen, bytes then)
+        self.open: str | None = None
+        self.last = 0.0
+        self.ended: dict[str, tuple[tuple[str, int, int], ...]] = {}  # what -> rows at 100 %
+
+    def __call__(self, host: str, what: str, done: int, total: int) -> None:
+        if not self.tty:
+            return
+        rows = self.hosts.setdefault(what, {})
+        rows[host] = (done, total)
+        now = time.monotonic()
+        have = sum(d for d, _ in rows.values())
+        want = sum(t for _, t in rows.values())
+        if what not in self.start:
+            self.start[what] = (now, have)
+        finished = have >= want
+        snapshot = tuple((h, d, t) for h, (d, t) in sorted(rows.items()))
+        if finished and self.ended.get(what) == snapshot:
+            return  # drawn at 100 % already: the same report again says nothing new
+        if self.open not in (None, what):
+            self._end()
+        if not finished and self.open == what and now - self.last < 0.25:
+            return  # at most four redraws a second; a new line is drawn at once
+        self.last = now
+        t0, had = self.start[what]
+        pct = 100 * have / want if want else 100.0
+        slow_host, (d, t) = min(rows.items(), key=lambda kv: kv[1][0] / (kv[1][1] or 1))
+        slowest = f"; slowest {slow_host} {100 * d / (t or 1):.0f}%" if len(rows) > 1 else ""
+        line = (
+            f"{what}: {len(rows)} host(s), {have / 1e6:,.1f}/{want / 1e6:,.1f} MB ({pct:.0f}%)"
+            f"{rate_eta(have, want, have - had, now - t0)}{'' if finished else slowest}"
+        )
+        sys.stderr.write(f"{own(chr(13), sys.stderr)}{line}   ")
+        self.open = what
+        if finished:
+            self.ended[what] = snapshot
+            self._end()
+        sys.stderr.flush()
+
+    def _end(self) -> None:
+        if self.open is not None:
+            sys.stderr.write("\n")
+            self.open = None
+
+    def close(self) -> None:
+        if self.tty:
+            self._end()
+            sys.stderr.flush()

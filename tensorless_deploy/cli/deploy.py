@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tensorless_deploy.cli.common import (
+    FleetProgress,
     catalog_from,
     dry_run_flag,
     flags_from,
@@ -116,6 +117,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])
     # the token is looked up only when a host (or this machine, to push) downloads the model
+    progress = FleetProgress(quiet=args.json)
     request = DeployRequest(
         args.model,
         flags,
@@ -123,13 +125,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         None,
         args.transfer,
         token_source=None if args.dry_run else token,
+        progress=progress if progress.tty else None,
     )
-    if args.serial and not args.dry_run:
-        results = roll(inventory, hosts, catalog, request, args.serial)
-        serving = serving_digests(inventory, hosts, catalog, args.model)
-    else:
-        results = deploy(inventory, hosts, catalog, request)
-        serving = {}
+    try:
+        if args.serial and not args.dry_run:
+            results = roll(inventory, hosts, catalog, request, args.serial)
+            serving = serving_digests(inventory, hosts, catalog, args.model)
+        else:
+            results = deploy(inventory, hosts, catalog, request)
+            serving = {}
+    finally:
+        progress.close()
     by_name = {h.name: h for h in hosts}
 
     def survey(names: list[str]) -> dict[str, str | None]:

@@ -159,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     r = plan.recipe
     pull_image(plan.engine_bin, r.engine.image)
-    _fetch(r, plan.options.models_dir)
+    _fetch(r, plan.options.models_dir, quiet=bool(args.json))
     if not spec.tuning.tuned:
         print(untuned_line(spec.tuning.reasons), file=sys.stderr)
 
@@ -176,11 +176,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_foreground(spec, plan.engine_bin, on_healthy=healthy, sources=sources)
 
 
-def _fetch(recipe: Recipe, cache: str) -> tuple[Any, int]:
+def _fetch(recipe: Recipe, cache: str, *, quiet: bool = False) -> tuple[Any, int]:
     from tensorless_deploy.hub import token
     from tensorless_deploy.local.fetch import fetch_model
 
-    bar = Bar(recipe.model.file, recipe.model.size_bytes)
+    bar = Bar(recipe.model.file, recipe.model.size_bytes, quiet=quiet)
     blob, fetched = fetch_model(recipe, cache, token=token(), progress=bar)
     word = f"downloaded {fetched} bytes" if fetched else "already in the cache, verified earlier"
     print(
@@ -221,7 +221,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         )
     pulled = pull_image(engine_bin(facts, engine), r.engine.image)
     print(f"image {r.engine.image}: {'pulled' if pulled else 'already present'}", file=sys.stderr)
-    blob, fetched = _fetch(r, cache)
+    blob, fetched = _fetch(r, cache, quiet=bool(args.json))
     if args.json:
         emit_json(
             {

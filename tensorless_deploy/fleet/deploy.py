@@ -14,7 +14,7 @@ import difflib
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tensorless_deploy.decisions.checks import Check, Tuning
 from tensorless_deploy.decisions.options import Flags
@@ -22,6 +22,9 @@ from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_hosts
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
+
+if TYPE_CHECKING:
+    from tensorless_deploy.fleet.push import Progress
 
 Outcome = Literal[
     "changed", "unchanged", "failed", "skipped", "would change", "no change", "untouched"
@@ -73,6 +76,8 @@ class DeployRequest:
     # where the Hub token comes from when no token is given: asked only once a download will
     # really happen (a host lacks the model, or the controller must fetch it to push it)
     token_source: TokenSource | None = None
+    # bytes of each transfer while it runs (host, what, done, total): shown, never decided on
+    progress: Progress | None = None
 
 
 class _Token:
@@ -313,7 +318,12 @@ def deploy(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest
 ) -> list[HostResult]:
     """Converge every host to serve request.model; the per-host result says what happened."""
-    from tensorless_deploy.fleet.push import choose_transfer, push, remote_image_path
+    from tensorless_deploy.fleet.push import (
+        DownloadWatch,
+        choose_transfer,
+        push,
+        remote_image_path,
+    )
 
     entries = catalog.find(request.model)
     state = new_state(inventory)
@@ -370,7 +380,7 @@ def deploy(
         took: dict[tuple[str, str], float] = {}
         pushing = {n: p for n, p in plans.items() if modes[n][0] == "push"}
         if pushing and not request.dry:
-            errors, sent = push(state, by_name, pushing, token, missing)
+            errors, sent = push(state, by_name, pushing, token, missing, request.progress)
             for name, what in sent.items():
                 transfers[name] += f"; {what}"
             for name, error in errors.items():
@@ -387,6 +397,7 @@ def deploy(
 
             state.set_stage(StateStage.Prepare)
             prepare: dict[str, dict[str, Any]] = {}
+            downloading: dict[str, tuple[str, str, int]] = {}
             for name, plan in plans.items():
                 pushed = modes[name][0] == "push"
                 archive = (
@@ -394,6 +405,9 @@ def deploy(
                 )
                 need = missing.get(name)
                 downloads = not pushed and (need is None or need[0])
+                if downloads and plan.paths is not None and plan.recipe is not None:
+                    p = plan.paths
+                    downloading[name] = (p.partial, p.blob, plan.recipe.model.size_bytes)
                 prepare[name] = dict(
                     plan=plan,
                     token=token() if downloads and not request.dry else None,
@@ -418,7 +432,8 @@ def deploy(
                 state.set_stage(StateStage.Execute)
                 took = _op_timer(state)
                 try:
-                    run_ops(state)
+                    with DownloadWatch(by_name, downloading, request.progress):
+                        run_ops(state)
                 except PyinfraError as exc:
                     if "No hosts remaining" not in str(exc):
                         raise  # pyinfra stops when every host failed: the report says why

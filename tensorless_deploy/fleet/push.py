@@ -35,6 +35,12 @@ Missing = dict[str, "tuple[bool, bool] | None"]  # host -> (model missing, image
 Token = Callable[[], "str | None"]
 
 
+# What a transfer reports while it runs: (host, what, bytes there, bytes in all); nothing in
+# it is decided on, it is only shown (the CLI draws it on a terminal).
+Progress = Callable[[str, str, int, int], None]
+PROGRESS_EVERY_S = 0.5
+
+
 class TransferError(TensorlessError):
     """The controller could not fetch what it is to push."""
 
@@ -162,17 +168,33 @@ def send_one(source: Path, receiver: Receiver, command: str, chunk: int = CHUNK)
         receiver.seconds = time.monotonic() - t0
 
 
-def fan_out(source: Path, receivers: Sequence[Receiver], commands: Sequence[str]) -> None:
+def fan_out(
+    source: Path,
+    receivers: Sequence[Receiver],
+    commands: Sequence[str],
+    progress: Progress | None = None,
+    what: str = "file",
+) -> None:
     """One writer thread per host, each reading source at its own offset (the page cache serves
-    all but the first read of a block), none waiting for another."""
+    all but the first read of a block), none waiting for another; with progress, each host's
+    bytes there are reported every PROGRESS_EVERY_S while they run, and once at the end."""
     threads = [
         threading.Thread(target=send_one, args=(source, r, c), daemon=True)
         for r, c in zip(receivers, commands, strict=True)
     ]
     for t in threads:
         t.start()
+    total = source.stat().st_size if progress else 0
+    while progress and any(t.is_alive() for t in threads):
+        for r in receivers:
+            progress(r.host, what, r.offset + r.sent, total)
+        for t in threads:
+            t.join(PROGRESS_EVERY_S / len(threads))
     for t in threads:
         t.join()
+    if progress:
+        for r in receivers:
+            progress(r.host, what, r.offset + r.sent, total)
 
 
 def _registry(image: str) -> str:
@@ -280,11 +302,12 @@ def push(
     plans: dict[str, HostPlan],
     token: Token | str | None,
     missing: Missing | None = None,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Fetch model and image once on the controller, send them to every host that lacks them
     (resuming partial files, each host at its own pace). Returns the hosts that failed, with
     why, and what was sent to each host."""
-    report = push_report(state, by_name, plans, token, missing)
+    report = push_report(state, by_name, plans, token, missing, progress)
     return report.failed, {n: "; ".join(parts) for n, parts in report.sent.items()}
 
 
@@ -294,6 +317,7 @@ def push_report(
     plans: dict[str, HostPlan],
     token: Token | str | None,
     missing: Missing | None = None,
+    progress: Progress | None = None,
 ) -> PushReport:
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.fetch import LocalError, fetch_model
@@ -309,10 +333,11 @@ def push_report(
         try:
             if needs_model:
                 t0 = time.monotonic()
-                blob_path, _ = fetch_model(recipe, cache_dir(), token=token)
+                fetched = _on_controller(progress, "fetch model")
+                blob_path, _ = fetch_model(recipe, cache_dir(), token=token, progress=fetched)
                 report.seconds["fetch model"] = time.monotonic() - t0
                 targets = [(n, _partial(group[n]), recipe.model.size_bytes) for n in needs_model]
-                _send(state, by_name, "model", blob_path, targets, report)
+                _send(state, by_name, "model", blob_path, targets, report, progress)
             if needs_image:
                 t0 = time.monotonic()
                 archive = image_archive(recipe.engine.image)
@@ -326,11 +351,78 @@ def push_report(
                     archive,
                     [(n, remote, size) for n in needs_image],
                     report,
+                    progress,
                 )
         except (LocalError, TransferError) as exc:
             why = f"push: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")
             report.failed.update({n: why for n in group})
     return report
+
+
+def _on_controller(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
+    if progress is None:
+        return None
+    report = progress
+
+    def on(done: int, total: int) -> None:
+        report("controller", what, done, total)
+
+    return on
+
+
+class DownloadWatch:
+    """While hosts download a model themselves, how many bytes each has, read every
+    PROGRESS_EVERY_S on a channel of its own SSH connection (`stat` of the partial file, then
+    of the blob it is renamed to): shown, never decided on; a host it cannot read is left out."""
+
+    def __init__(
+        self,
+        by_name: dict[str, Any],
+        files: dict[str, tuple[str, str, int]],
+        progress: Progress | None,
+    ) -> None:
+        self.by_name, self.files, self.progress = by_name, files, progress
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> DownloadWatch:
+        if self.files and self.progress is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def _size(self, host: Any, partial: str, blob: str) -> int | None:
+        import shlex
+
+        client = getattr(getattr(host, "connector", None), "client", None)
+        transport = client.get_transport() if client is not None else None
+        if transport is None or not transport.is_active():
+            return None
+        p, b = shlex.quote(partial), shlex.quote(blob)
+        channel = transport.open_session()
+        try:
+            channel.settimeout(5)
+            channel.exec_command(f"stat -c %s {p} 2>/dev/null || stat -c %s {b} 2>/dev/null")
+            text = channel.makefile("rb").read().decode(errors="replace").strip()
+        except (OSError, EOFError):
+            return None
+        finally:
+            channel.close()
+        return int(text) if text.isdigit() else None
+
+    def _run(self) -> None:
+        assert self.progress is not None
+        while not self.done.wait(PROGRESS_EVERY_S):
+            for name, (partial, blob, total) in self.files.items():
+                if self.done.is_set():
+                    return
+                size = self._size(self.by_name[name], partial, blob)
+                if size is not None:
+                    self.progress(name, "download model", min(size, total), total)
 
 
 def _partial(plan: HostPlan) -> str:
@@ -345,6 +437,7 @@ def _send(
     source: Path,
     targets: list[tuple[str, str, int]],
     report: PushReport,
+    progress: Progress | None = None,
 ) -> None:
     """One file to several hosts at once, each resuming from its partial and taking at most
     the file's size (the model's size_bytes); what went where is noted."""
@@ -352,7 +445,7 @@ def _send(
     receivers = [Receiver(n, by_name[n], p) for n, p, _ in live]
     commands = [receive_command(state, by_name[n], p, s) for n, p, s in live]
     t0 = time.monotonic()
-    fan_out(source, receivers, commands)
+    fan_out(source, receivers, commands, progress, f"push {what}")
     report.seconds[f"send {what}"] = time.monotonic() - t0
     for r in receivers:
         if r.error:
