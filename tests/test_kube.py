@@ -61,6 +61,7 @@ from tests.recipe_tools import example, write_recipe
 
 TESTS = Path(__file__).parent
 GOLDEN = TESTS / "golden_kube"
+OPEN = Flags(insecure_open=True)  # a keyless pod on purpose: what these tests look at is elsewhere
 MANIFEST = "manifest.yaml"
 REGEN = os.environ.get("TENSORLESS_REGEN_GOLDEN") == "1"
 HUB = "https://huggingface.co"
@@ -200,7 +201,7 @@ def test_names_and_labels_are_what_the_api_server_takes(case: Path) -> None:
 
 def test_recipe_digest_label_fits_and_annotation_holds_it_all() -> None:
     recipe = _recipe({"recipe": "example"})
-    pod = _pods(build_export(recipe, Flags(), "kube", recipe_digest(recipe)).documents)[0]
+    pod = _pods(build_export(recipe, OPEN, "kube", recipe_digest(recipe)).documents)[0]
     digest = recipe_digest(recipe)
     assert pod["metadata"]["annotations"][LABEL_RECIPE_DIGEST] == digest
     label = pod["metadata"]["labels"][LABEL_RECIPE_DIGEST]
@@ -209,7 +210,7 @@ def test_recipe_digest_label_fits_and_annotation_holds_it_all() -> None:
 
 def test_card_is_gfd_labels_and_one_gpu_per_pod() -> None:
     recipe = _recipe({"recipe": "example"})
-    docs = build_export(recipe, Flags(instances=3), "kube", "d").documents
+    docs = build_export(recipe, Flags(instances=3, insecure_open=True), "kube", "d").documents
     (deployment, service) = docs
     assert deployment["spec"]["replicas"] == 3 and service["kind"] == "Service"
     pod = deployment["spec"]["template"]["spec"]
@@ -260,19 +261,19 @@ def test_driver_terms_mean_at_least_min_driver(driver: str, ok: bool) -> None:
 
 def test_untuned_export_says_so() -> None:
     recipe = _recipe({"recipe": "tiny"})
-    flags = Flags(context=2048, extra_args=("--no-warmup",))
+    flags = Flags(context=2048, extra_args=("--no-warmup",), insecure_open=True)
     pod = _pods(build_export(recipe, flags, "kube", "d").documents)[0]
     assert pod["metadata"]["labels"][LABEL_TUNED] == "false"
     reasons = pod["metadata"]["annotations"][kube.UNTUNED_ANNOTATION]
     assert "context 2048" in reasons and "--no-warmup" in reasons
-    tuned = _pods(build_export(recipe, Flags(), "kube", "d").documents)[0]
+    tuned = _pods(build_export(recipe, OPEN, "kube", "d").documents)[0]
     assert tuned["metadata"]["labels"][LABEL_TUNED] == "true"
     assert kube.UNTUNED_ANNOTATION not in tuned["metadata"]["annotations"]
 
 
 def test_no_secret_in_the_manifest() -> None:
     recipe = _recipe({"recipe": "tiny"})
-    pod = _pods(build_export(recipe, Flags(), "kube", "d").documents)[0]["spec"]
+    pod = _pods(build_export(recipe, OPEN, "kube", "d").documents)[0]["spec"]
     (token,) = pod["initContainers"][0]["env"]
     assert token["valueFrom"]["secretKeyRef"] == {
         "name": kube.HF_TOKEN_SECRET,
@@ -307,11 +308,18 @@ def kube_content(deployment: dict[str, Any]) -> UnitContent:
 @pytest.mark.parametrize(
     "data",
     [
-        {"recipe": "example"},
-        {"recipe": "tiny", "flags": {"port": 9090}},
-        {"recipe": "tiny", "flags": {"context": 2048, "extra_args": ["--no-warmup", "-b", "64"]}},
+        {"recipe": "example", "flags": {"insecure_open": True}},
+        {"recipe": "tiny", "flags": {"port": 9090, "api_key_file": "/etc/tensorless/api.key"}},
+        {
+            "recipe": "tiny",
+            "flags": {
+                "context": 2048,
+                "extra_args": ["--no-warmup", "-b", "64"],
+                "insecure_open": True,
+            },
+        },
     ],
-    ids=["example", "tiny-port", "tiny-untuned"],
+    ids=["example", "tiny-port-key", "tiny-untuned"],
 )
 def test_same_image_args_env_and_model_as_deploys_unit(data: dict[str, Any]) -> None:
     """deploy's quadlet for the same recipe and options (bound to the pod's address) and the
@@ -326,6 +334,8 @@ def test_same_image_args_env_and_model_as_deploys_unit(data: dict[str, Any]) -> 
         context=flags.context,
         instances=1,
         extra_args=flags.extra_args,
+        api_key_file=flags.api_key_file,
+        insecure_open=bool(flags.insecure_open),
     )
     entry = Entry(f"{recipe.model.hf_repo}/{recipe.card.id}.toml", recipe)
     plan = plan_host("gpu1", _host_facts(), [entry], options)
@@ -336,6 +346,20 @@ def test_same_image_args_env_and_model_as_deploys_unit(data: dict[str, Any]) -> 
     assert deployed.image == exported.image == recipe.engine.image
     assert deployed.server_args == exported.server_args
     assert sorted(deployed.values("env")) == sorted(exported.values("env"))
+    # the key: the same --api-key-file path in both argvs (above); its source is a host file
+    # there and a Secret here, so that one mount is compared by its container path alone
+    secret_mounts = {
+        o for o in deployed.options if o[0] == "volume" and ":/run/tensorless/" in o[1]
+    }
+    assert {o[1].split(":")[1] for o in secret_mounts} == (
+        {"/run/tensorless/api-key"} if flags.api_key_file else set()
+    )
+    mounts = {m["mountPath"] for m in deployment["spec"]["template"]["spec"]["containers"][0][
+        "volumeMounts"]}  # fmt: skip
+    assert {o[1].split(":")[1] for o in secret_mounts} <= mounts
+    deployed = dataclasses.replace(
+        deployed, options=tuple(o for o in deployed.options if o not in secret_mounts)
+    )
     assert [d.field for d in drift(deployed, exported, "", "")] == ["card"]
 
 
@@ -363,8 +387,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_draft_refused_as_deploy_refuses_it() -> None:
     recipe = _recipe({"recipe": "tiny"}).model_copy(update={"status": "draft"})
     with pytest.raises(UsageError, match="draft recipe"):
-        build_export(recipe, Flags(), "kube", "d")
-    build_export(recipe, Flags(allow_draft=True), "kube", "d")
+        build_export(recipe, OPEN, "kube", "d")
+    build_export(recipe, Flags(allow_draft=True, insecure_open=True), "kube", "d")
 
 
 def test_unpublished_refused_even_with_allow_draft() -> None:
@@ -372,7 +396,10 @@ def test_unpublished_refused_even_with_allow_draft() -> None:
     model = recipe.model.model_copy(update={"sha256": "0" * 64})
     with pytest.raises(UsageError, match="not published"):
         build_export(
-            recipe.model_copy(update={"model": model}), Flags(allow_draft=True), "kube", "d"
+            recipe.model_copy(update={"model": model}),
+            Flags(allow_draft=True, insecure_open=True),
+            "kube",
+            "d",
         )
 
 
@@ -383,7 +410,15 @@ def test_launcher_owned_and_forbidden_flags_after_dashes_refused(
     tmp_path: Path, bad: list[str]
 ) -> None:
     proc = cli(
-        "export", "tiny", "--recipes", str(_catalog(tmp_path)), "--format", "kube", "--", *bad
+        "export",
+        "tiny",
+        "--recipes",
+        str(_catalog(tmp_path)),
+        "--format",
+        "kube",
+        "--insecure-open",
+        "--",
+        *bad,
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and "Traceback" not in proc.stderr
@@ -400,22 +435,33 @@ def test_launcher_owned_and_forbidden_flags_after_dashes_refused(
     ],
 )
 def test_usage_errors(tmp_path: Path, fmt: str, extra: list[str], says: str) -> None:
-    proc = cli("export", "tiny", "--recipes", str(_catalog(tmp_path)), "--format", fmt, *extra)
+    proc = cli(
+        "export",
+        "tiny",
+        "--recipes",
+        str(_catalog(tmp_path)),
+        "--format",
+        fmt,
+        "--insecure-open",
+        *extra,
+    )
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
 
 
 def test_cli_writes_the_manifest(tmp_path: Path) -> None:
     recipes = _catalog(tmp_path / "r")
     out = tmp_path / "tiny.yaml"
-    proc = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube", "-o", str(out))
+    proc = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube", "-o", str(out),
+               "--insecure-open")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     recipe = _recipe({"recipe": "tiny"})
-    want = build_export(recipe, Flags(), "kube", recipe_digest(recipe)).text
+    want = build_export(recipe, OPEN, "kube", recipe_digest(recipe)).text
     assert out.read_text(encoding="utf-8") == want and proc.stdout == ""
     assert "tensorless-tiny-p100: 1 pod(s), port 8080" in proc.stderr
-    stdout = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube")
+    stdout = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube", "--insecure-open")
     assert stdout.stdout == want
-    js = cli("--json", "export", "tiny", "--recipes", str(recipes), "--format", "kube")
+    js = cli("--json", "export", "tiny", "--recipes", str(recipes), "--format", "kube",
+             "--insecure-open")  # fmt: skip
     assert json.loads(js.stdout)["documents"] == list(yaml.safe_load_all(want))
 
 
@@ -424,9 +470,10 @@ def test_several_cards_need_card(tmp_path: Path) -> None:
     h200 = tiny_recipe(TINY_HOSTS, TINY_COMMIT)
     h200["card"].update(id="h200", compute_capability="9.0", min_memory_mib=140000)
     write_recipe(tmp_path, h200)
-    proc = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube")
+    proc = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube", "--insecure-open")
     assert proc.returncode == 2 and "pass --card (" in proc.stderr
-    ok = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube", "--card", "h200")
+    ok = cli("export", "tiny", "--recipes", str(recipes), "--format", "kube", "--card", "h200",
+             "--insecure-open")  # fmt: skip
     assert ok.returncode == 0 and '"9"' in ok.stdout
 
 
@@ -435,7 +482,7 @@ def test_several_cards_need_card(tmp_path: Path) -> None:
 
 def _spec() -> LaunchSpec:
     recipe = _recipe({"recipe": "tiny"})
-    return build_export(recipe, Flags(), "kube", "d").workloads[0].spec
+    return build_export(recipe, OPEN, "kube", "d").workloads[0].spec
 
 
 def test_every_spec_field_has_a_place() -> None:
@@ -470,7 +517,7 @@ def test_an_unknown_volume_is_refused_not_dropped(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(kube, "container_options", more)
     recipe = _recipe({"recipe": "tiny"})
     with pytest.raises(kube.KubeError, match="no Kubernetes volume for /srv/other"):
-        build_export(recipe, Flags(), "kube", "d")
+        build_export(recipe, OPEN, "kube", "d")
 
 
 def test_bind_must_be_the_pods_own() -> None:
@@ -533,7 +580,7 @@ def test_init_step_is_the_hosts_download_script() -> None:
     (operations/_run.script: lib.sh, then model-download.sh, its parameters bound), after the
     few lines that turn the optional Secret into the header file the script reads."""
     recipe = _recipe({"recipe": "tiny"})
-    deployment = build_export(recipe, Flags(), "kube", "d").documents[0]
+    deployment = build_export(recipe, OPEN, "kube", "d").documents[0]
     command = deployment["spec"]["template"]["spec"]["initContainers"][0]["command"]
     assert command[:2] == ["/bin/sh", "-c"]
     init = init_step(recipe, "/var/lib/tensorless/models")
@@ -641,3 +688,32 @@ def test_init_sends_the_token_from_the_secret_and_removes_it(
     assert proc.returncode == 0, proc.stderr
     assert list((tmp_path / "b" / "secrets").iterdir()) == []  # the header file is gone
     assert "hf_secret_for_test" not in proc.stdout + proc.stderr
+
+
+def test_a_pod_beyond_loopback_needs_a_key_or_insecure_open(tmp_path: Path) -> None:
+    """As deploy's api.key check: a kube pod listens on its cluster address and podman-kube
+    publishes on --bind, so a keyless export beyond loopback is refused with the fix; a key
+    file is checked here and referenced as the Secret, its content never in the manifest."""
+    recipes = _catalog(tmp_path / "r")
+    base = ("export", "tiny", "--recipes", str(recipes), "--format")
+    for extra in (["kube"], ["podman-kube", "--bind", "0.0.0.0"]):
+        proc = cli(*base, *extra)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert "would take requests from anyone who reaches it: no API key" in line
+        assert "--api-key-file FILE" in line and "--insecure-open" in line
+    assert cli(*base, "podman-kube").returncode == 0  # published on 127.0.0.1: keyless is fine
+    bad = tmp_path / "short.key"
+    bad.write_text("abc\n")
+    proc = cli(*base, "kube", "--api-key-file", str(bad))
+    assert proc.returncode == 2 and proc.stderr.startswith("--api-key-file: "), proc.stderr
+    key_file = TESTS / "fixtures" / "secrets" / "api.key"
+    proc = cli(*base, "kube", "--api-key-file", str(key_file))
+    assert proc.returncode == 0, proc.stderr
+    assert key_file.read_text().strip() not in proc.stdout
+    pod = _pods(list(yaml.safe_load_all(proc.stdout)))[0]["spec"]
+    server = next(c for c in pod["containers"] if "--api-key-file" in c["args"])
+    assert server["args"][server["args"].index("--api-key-file") + 1] == "/run/tensorless/api-key"
+    secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+    assert "tensorless-api-key" in secrets
+    assert "kubectl create secret generic tensorless-api-key" in proc.stdout  # the comment

@@ -77,6 +77,43 @@ def serving_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def access_flags(p: argparse.ArgumentParser, bind: str, key_help: str | None = None) -> None:
+    """Who may call the API, on the command line (deploy reads the same from the inventory):
+    the key, the keyless wide bind on purpose, TLS, /metrics."""
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help=key_help or "callers must send the key in FILE (one line; /health needs none)",
+    )
+    p.add_argument(
+        "--insecure-open",
+        action="store_true",
+        help=f"allow a non-loopback {bind} without an API key",
+    )
+    p.add_argument("--tls-cert-file", metavar="FILE", help="serve https with this PEM cert")
+    p.add_argument("--tls-key-file", metavar="FILE", help="... and this PEM private key")
+    p.add_argument("--metrics", action="store_true", help="llama-server's /metrics (tuned)")
+
+
+def access_from(args: argparse.Namespace, flags: Flags) -> Flags:
+    """flags with the access_flags given on this command line, checked (a TLS file without its
+    pair is one line naming the flag)."""
+    import dataclasses
+
+    from tensorless_deploy.decisions.options import check_flags
+
+    return check_flags(
+        dataclasses.replace(
+            flags,
+            api_key_file=getattr(args, "api_key_file", None),
+            insecure_open=True if getattr(args, "insecure_open", False) else None,
+            tls_cert_file=getattr(args, "tls_cert_file", None),
+            tls_key_file=getattr(args, "tls_key_file", None),
+            metrics=True if getattr(args, "metrics", False) else None,
+        )
+    )
+
+
 def instances_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--instances",

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from tensorless_deploy.cli.common import (
     Bar,
     Refused,
+    access_flags,
+    access_from,
     catalog_from,
     dry_run_flag,
     flags_from,
@@ -24,7 +26,6 @@ from tensorless_deploy.errors import UsageError
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
-    from tensorless_deploy.decisions.options import Flags
     from tensorless_deploy.hostplan.plan import HostPlan
     from tensorless_deploy.recipe.schema import Recipe
 
@@ -45,7 +46,7 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     catalog = catalog_from(args)
     card = getattr(args, "card", None)
     entries = [catalog.card(args.model, card)] if card else catalog.find(args.model)
-    flags = _operator_flags(args, flags_from(args, **RUN_FLAG_NAMES))
+    flags = access_from(args, flags_from(args, **RUN_FLAG_NAMES))
     cache = cache_dir()
     # the Hub cache is where huggingface_hub puts it, whatever its path: not an operator option;
     # a foreground run is one instance: the card --gpu names, else the first that matches
@@ -67,22 +68,6 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     if plan.blocking(dry) or not plan.instances:
         raise Refused(f"{plan.recipe.model.hf_repo} on {plan.recipe.card.id}", plan.failed())
     return plan
-
-
-def _operator_flags(args: argparse.Namespace, flags: Flags) -> Flags:
-    """run's own flags for the key, TLS and metrics (deploy takes them from the inventory)."""
-    from tensorless_deploy.decisions.options import check_flags
-
-    return check_flags(
-        dataclasses.replace(
-            flags,
-            api_key_file=getattr(args, "api_key_file", None),
-            insecure_open=True if getattr(args, "insecure_open", False) else None,
-            tls_cert_file=getattr(args, "tls_cert_file", None),
-            tls_key_file=getattr(args, "tls_key_file", None),
-            metrics=True if getattr(args, "metrics", False) else None,
-        )
-    )
 
 
 def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
@@ -245,7 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     catalog = catalog_from(args)
     catalog.find(args.model)
-    flags = _operator_flags(args, flags_from(args, **RUN_FLAG_NAMES))
+    flags = access_from(args, flags_from(args, **RUN_FLAG_NAMES))
     inventory = load_inventory(None, local=True)
     dry = args.dry_run
     request = DeployRequest(args.model, flags, dry, None if dry else token(), "pull", local=True)
@@ -275,19 +260,7 @@ def _local_flags(p: argparse.ArgumentParser, server: bool, run: bool = False) ->
         )
         p.set_defaults(takes_extra=True)
     if server and run:
-        p.add_argument(
-            "--api-key-file",
-            metavar="FILE",
-            help="callers must send the key in FILE (one line; /health needs none)",
-        )
-        p.add_argument(
-            "--insecure-open",
-            action="store_true",
-            help="allow a non-loopback --host without an API key",
-        )
-        p.add_argument("--tls-cert-file", metavar="FILE", help="serve https with this PEM cert")
-        p.add_argument("--tls-key-file", metavar="FILE", help="... and this PEM private key")
-        p.add_argument("--metrics", action="store_true", help="llama-server's /metrics (tuned)")
+        access_flags(p, "--host")
     recipes_flag(p)
 
 
