@@ -110,3 +110,21 @@ def test_the_local_bar_counts_only_bytes_moved_now(
     bar(100_000_000, 100_000_000)
     (shown,) = lines(term)
     assert re.search(r"100\.0% 100\.0/100\.0 MB, 10\.0 MB/s, ETA 0:00$", shown), shown
+
+
+def test_a_later_batch_of_a_roll_gets_a_line_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    term = terminal(monkeypatch)
+    p = FleetProgress()
+    p("gpu1", "download model", 0, 10_000_000)
+    clock.now += 1
+    p("gpu1", "download model", 10_000_000, 10_000_000)
+    clock.now += 60  # the batch starts its server, the next batch begins
+    p("gpu2", "download model", 0, 10_000_000)
+    clock.now += 2
+    p("gpu2", "download model", 10_000_000, 10_000_000)
+    p.close()
+    first, second = lines(term)
+    assert first.startswith("download model: 1 host(s), 10.0/10.0 MB (100%), 10.0 MB/s")
+    assert second.startswith("download model: 1 host(s), 10.0/10.0 MB (100%), 5.0 MB/s"), second

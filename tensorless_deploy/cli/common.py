@@ -282,6 +282,9 @@ class FleetProgress:
     def __call__(self, host: str, what: str, done: int, total: int) -> None:
         if not self.tty:
             return
+        if what in self.ended and host not in {h for h, _, _ in self.ended[what]}:
+            # a later batch of a roll: a transfer of its own, its own line, rate and time left
+            del self.ended[what], self.start[what], self.hosts[what]
         rows = self.hosts.setdefault(what, {})
         rows[host] = (done, total)
         now = time.monotonic()
