@@ -7,7 +7,7 @@ import datetime
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tensorless_deploy.cli.common import catalog_from, recipes_flag
+from tensorless_deploy.cli.common import catalog_from, limit_flag, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint
 from tensorless_deploy.errors import UsageError
 
@@ -252,7 +252,7 @@ def register(command: Command) -> None:
         help="with an https --url: the CA (or self-signed cert) to trust",
     )
     p.add_argument("--port", type=int, default=8080, metavar="N", help="local port (8080)")
-    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+    limit_flag(p)
     p.add_argument("--card", metavar="ID", help="the card's recipe (default: the model's first)")
     p.add_argument("--runs", type=int, default=3, metavar="N", help="measured runs (default 3)")
     p.add_argument(

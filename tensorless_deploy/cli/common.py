@@ -47,11 +47,24 @@ def recipes_flag(p: argparse.ArgumentParser) -> None:
 
 
 def hosts_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """-i INVENTORY or --local, and --limit."""
     where = p.add_mutually_exclusive_group(required=required)
     where.add_argument(
         "-i", "--inventory", metavar="INVENTORY", help="pyinfra inventory file (see docs)"
     )
     where.add_argument("--local", action="store_true", help="this machine only")
+    limit_flag(p)
+
+
+def inventory_flags(
+    p: argparse.ArgumentParser, *, required: bool = True, help: str = "pyinfra inventory file"
+) -> None:
+    """-i INVENTORY (no --local: the command works on inventory hosts), and --limit."""
+    p.add_argument("-i", "--inventory", required=required, metavar="INVENTORY", help=help)
+    limit_flag(p)
+
+
+def limit_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
 
 

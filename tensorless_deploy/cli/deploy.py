@@ -13,6 +13,7 @@ from tensorless_deploy.cli.common import (
     dry_run_flag,
     flags_from,
     instances_flag,
+    inventory_flags,
     print_results,
     recipes_flag,
     result_json,
@@ -172,10 +173,7 @@ def register(command: Command) -> None:
         "/health (extra llama-server args after --, untuned)",
         cmd_deploy,
     )
-    p.add_argument(
-        "-i", "--inventory", required=True, metavar="INVENTORY", help="pyinfra inventory file"
-    )
-    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+    inventory_flags(p)
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     dry_run_flag(p)
     p.add_argument(

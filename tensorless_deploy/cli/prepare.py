@@ -12,6 +12,7 @@ from tensorless_deploy.cli.common import (
     catalog_from,
     dry_run_flag,
     flags_from,
+    inventory_flags,
     recipes_flag,
     serving_flags,
 )
@@ -75,10 +76,7 @@ def register(command: Command) -> None:
         "/dev/char links, SELinux boolean, models directory), idempotent; never the driver",
         cmd_prepare,
     )
-    p.add_argument(
-        "-i", "--inventory", required=True, metavar="INVENTORY", help="pyinfra inventory file"
-    )
-    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+    inventory_flags(p)
     p.add_argument(
         "model",
         nargs="?",

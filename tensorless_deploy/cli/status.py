@@ -11,6 +11,7 @@ from tensorless_deploy.cli.common import (
     dry_run_flag,
     flags_from,
     hosts_flags,
+    inventory_flags,
     print_results,
     recipes_flag,
     result_json,
@@ -256,10 +257,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 def _model_hosts(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
-    p.add_argument(
-        "-i", "--inventory", metavar="INVENTORY", help="pyinfra inventory file (default: here)"
-    )
-    p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+    inventory_flags(p, required=False, help="pyinfra inventory file (default: here)")
 
 
 def register(command: Command) -> None:

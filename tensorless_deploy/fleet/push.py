@@ -12,6 +12,7 @@ verified by its manifest digest when it is loaded.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -360,14 +361,8 @@ def push_report(
 
 
 def _on_controller(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
-    if progress is None:
-        return None
-    report = progress
-
-    def on(done: int, total: int) -> None:
-        report("controller", what, done, total)
-
-    return on
+    """fetch_model's (done, total) progress as this machine's row of the transfer's."""
+    return None if progress is None else functools.partial(progress, "controller", what)
 
 
 class DownloadWatch:

@@ -75,7 +75,7 @@ def load(u: DeployedUnit) -> tuple[Load | None, str | None]:
             busy_slots=int(m.get("requests_processing", 0)),
             queued=int(m.get("requests_deferred", 0)),
             tokens_per_second=round(tokens / seconds, 2) if seconds > 0 else 0.0,
-            tokens_predicted=int(m.get("tokens_predicted_total", 0)),
+            tokens_predicted=int(tokens),
             prompt_tokens=int(m.get("prompt_tokens_total", 0)),
         ),
         None,
