@@ -179,3 +179,8 @@ def test_scrape_configs_yaml_reads_back_as_the_jobs(tls: bool) -> None:
     )
     configs: list[dict[str, Any]] = [j.scrape_config(f"/prom/{j.name}.json") for j in made]
     assert yaml.safe_load(scrape_configs_yaml(configs)) == {"scrape_configs": configs}
+
+
+def test_a_wildcard_in_any_spelling_is_the_hosts_address() -> None:
+    assert scrape_address("::0", 8080, "gpu1.example") == "gpu1.example:8080"
+    assert scrape_address("not-an-ip", 8080, "gpu1") == "not-an-ip:8080"  # as the label says

@@ -13,6 +13,7 @@ names the key file (the inventory's tensorless_api_key_file) as Prometheus's
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -100,7 +101,11 @@ def scrape_address(bind: str, port: int, reach: str) -> str | None:
     reach; None for a loopback bind."""
     if is_loopback(bind):
         return None
-    if bind in ("0.0.0.0", "::"):
+    try:
+        wildcard = ipaddress.ip_address(bind).is_unspecified  # 0.0.0.0, :: in any spelling
+    except ValueError:  # a label written by hand: taken as the address it names
+        wildcard = False
+    if wildcard:
         return address(reach, port)
     return address(bind, port)
 
