@@ -703,6 +703,10 @@ def test_a_pod_beyond_loopback_needs_a_key_or_insecure_open(tmp_path: Path) -> N
         assert "would take requests from anyone who reaches it: no API key" in line
         assert "--api-key-file FILE" in line and "--insecure-open" in line
     assert cli(*base, "podman-kube").returncode == 0  # published on 127.0.0.1: keyless is fine
+    cert = str(TESTS / "fixtures" / "secrets" / "tls.crt")
+    half = cli(*base, "kube", "--insecure-open", "--tls-cert-file", cert)  # its key left out
+    assert half.returncode == 2, half.stdout + half.stderr
+    assert half.stderr.startswith("--tls-cert-file without --tls-key-file"), half.stderr
     bad = tmp_path / "short.key"
     bad.write_text("abc\n")
     proc = cli(*base, "kube", "--api-key-file", str(bad))

@@ -342,6 +342,11 @@ def check_flags(flags: Flags) -> Flags:
     why = extra_args_problem(flags.extra_args, {s.name: flags.spelled(s) for s in SETTINGS})
     if why is not None:
         raise UsageError(why)
+    # the command line's own TLS files pair up by themselves (no command takes one of them from
+    # the flags and the other from inventory data; export resolves no host at all)
+    _tls_pair(
+        flags, {"tls_cert_file": flags.tls_cert_file, "tls_key_file": flags.tls_key_file}, None
+    )
     return flags
 
 
