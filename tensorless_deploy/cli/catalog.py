@@ -34,6 +34,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     given: Path | None = args.dir if args.dir is not None else args.recipes
     root: Path = given if given is not None else builtin_recipes_dir()
     catalog = load_catalog(root)  # a RecipeError prints every problem and exits 1
+    if not catalog.entries:  # an empty or mistyped directory is nothing validated
+        raise UsageError(
+            f"{root}: no recipe files here (a recipe is DIR/<org>/<repo>/<card>.toml)",
+            fix="pass the recipes directory itself",
+        )
     n_models = len(catalog.models())
     if args.json:
         emit_json({"dir": str(root), "valid": True, "recipes": [e.path for e in catalog.entries]})

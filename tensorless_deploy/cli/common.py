@@ -141,7 +141,7 @@ def flags_from(args: argparse.Namespace, **names: str) -> Flags:
     (names: this command's own spelling of a flag, e.g. run's --host for the bind address)."""
     if getattr(args, "gpu", None) is not None:
         names = {"instances": "--gpu", **names}
-    from tensorless_deploy.decisions.options import Flags, check_flags
+    from tensorless_deploy.decisions.options import SETTINGS, Flags, check_flags
 
     return check_flags(
         Flags(
@@ -154,6 +154,11 @@ def flags_from(args: argparse.Namespace, **names: str) -> Flags:
             extra_args=tuple(getattr(args, "extra", ()) or ()),
             allow_draft=getattr(args, "allow_draft", False),
             flag_names=names or None,
+            offered=frozenset(
+                s.name
+                for s in SETTINGS
+                if hasattr(args, s.name) or (s.name == "instances" and hasattr(args, "gpu"))
+            ),
         )
     )
 

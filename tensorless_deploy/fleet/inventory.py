@@ -75,7 +75,24 @@ def load_inventory(path: str | None, local: bool) -> Any:
             f"{path}: no hosts (a group is a module-level list of names or (name, data) "
             f"tuples; variables that are not: {ignored}; see inventories/example.py)"
         )
+    for host in inventory:
+        _check_connection_data(path, host)
     return inventory
+
+
+def _check_connection_data(path: str, host: Any) -> None:
+    """pyinfra's connection values that it would take wrong without a word: an ssh_port
+    beyond 65535 wraps around in the socket call (99999 connects to 34463)."""
+    port = host.data.get("ssh_port")
+    if port is None:
+        return
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise InventoryError(
+            f"{path}: {host.name}: ssh_port: must be a port number 1-65535 (got {port!r})",
+            fix="correct ssh_port in the inventory",
+        )
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -206,6 +223,12 @@ def _names_problem(path: str, groups: Sequence[Group]) -> str | None:
             shown = json.dumps(name, ensure_ascii=True)
             if not name.strip() or any(c.isspace() or not c.isprintable() for c in name):
                 return f"{path}: {key}: host name {shown} must be one word of printable text"
+            if "/" in name:
+                # a host name names files of its own (logs, staging) and a report's rows
+                return (
+                    f"{path}: {key}: host name {shown} has a '/': name the host without one "
+                    "(its address goes in ssh_hostname)"
+                )
             if name in names:
                 return f"{path}: {key}: host {shown} is listed twice; list it once"
             names.add(name)
