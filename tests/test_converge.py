@@ -58,7 +58,7 @@ def _pristine() -> HostFacts:
 
 def _plan(facts: HostFacts) -> HostPlan:
     entry = Entry("tensorless-test/tiny-llama-GGUF/p100.toml", _recipe())
-    return plan_host("gpu1", facts, [entry], resolve(Flags(), None, "gpu1"))
+    return plan_host("gpu1", facts, [entry], resolve(Flags(), None, "gpu1"), sizing=None)
 
 
 def _converged_tool(plan: HostPlan) -> ToolState:
@@ -161,7 +161,9 @@ def test_a_plan_with_a_key_is_never_judged_from_the_survey() -> None:
     facts = _pristine()
     key = str(TESTS / "fixtures" / "secrets" / "api.key")
     entry = Entry("tensorless-test/tiny-llama-GGUF/p100.toml", _recipe())
-    plan = plan_host("gpu1", facts, [entry], resolve(Flags(api_key_file=key), None, "gpu1"))
+    plan = plan_host(
+        "gpu1", facts, [entry], resolve(Flags(api_key_file=key), None, "gpu1"), sizing=None
+    )
     assert plan.ok and plan.instances[0].spec.secrets
     assert survey_steps(plan, _with(facts, _converged_tool(plan))) is None
 

@@ -47,7 +47,7 @@ def _plan(case: dict[str, Any]) -> HostPlan:
         return readiness("host", facts, load_catalog(), options)
     recipe = Recipe.model_validate(_merge(example(), case.get("recipe", {})))
     entry = Entry(f"{recipe.model.hf_repo}/{recipe.card.id}.toml", recipe)
-    return plan_host("host", facts, [entry], options)
+    return plan_host("host", facts, [entry], options, sizing=None)
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])

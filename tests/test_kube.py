@@ -338,7 +338,7 @@ def test_same_image_args_env_and_model_as_deploys_unit(data: dict[str, Any]) -> 
         insecure_open=bool(flags.insecure_open),
     )
     entry = Entry(f"{recipe.model.hf_repo}/{recipe.card.id}.toml", recipe)
-    plan = plan_host("gpu1", _host_facts(), [entry], options)
+    plan = plan_host("gpu1", _host_facts(), [entry], options, sizing=None)
     unit = plan.instances[0].unit
     assert unit is not None and unit.kind == "quadlet"
     deployed = read_unit(unit.path, unit.content)

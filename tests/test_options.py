@@ -63,8 +63,10 @@ def test_defaults_then_host_data_then_flags() -> None:
         (Flags(bind="fe80::1%eth0"), "--bind fe80::1%eth0: must be an IP address"),
         (Flags(context=0), "--context 0: must be a positive number of tokens"),
         (Flags(context=-5), "--context -5: must be a positive number of tokens"),
-        (Flags(models_dir="models"), "--models-dir models: must be a clean absolute path"),
-        (Flags(models_dir="/a/../b"), "--models-dir /a/../b: must be a clean absolute path"),
+        (Flags(context=2**31), "--context 2147483648: must be a positive number of tokens"),
+        # no command has --models-dir: the value is named by the key that sets it
+        (Flags(models_dir="models"), "tensorless_models_dir models: must be a clean absolute"),
+        (Flags(models_dir="/a/../b"), "tensorless_models_dir /a/../b: must be a clean absolute"),
         (Flags(engine="lxc"), "--engine lxc: must be podman, docker or auto"),
         (Flags(bind="1.2.3.4", flag_names={"bind": "--host"}), None),
         (Flags(bind="x", flag_names={"bind": "--host"}), "--host x: must be an IP address"),

@@ -16,6 +16,7 @@ from tensorless_deploy.facts import host_facts_from_inventory
 from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.gguf import kv
 from tensorless_deploy.gguf.header import GGUFHeader, read_header_file
+from tensorless_deploy.gguf.sizing import Sizing
 from tensorless_deploy.hostplan.placement import (
     IDENTITY_MISMATCH,
     INFO_PENDING,
@@ -23,7 +24,6 @@ from tensorless_deploy.hostplan.placement import (
     HeaderResult,
     ModelPlan,
     PlanOptions,
-    _Sizing,
     header_key,
     plan_json,
     plan_model,
@@ -266,7 +266,7 @@ def test_gemma_on_a_busy_card_the_max_context_shrinks_exactly(gemma_path: Path) 
 
 def test_sizing_search_equals_kv_max_context(gemma_path: Path) -> None:
     entry = make_entry(gemma_path, args=["-np", "1", "-ctk", "q8_0", "-ctv", "q8_0"])
-    sized = _Sizing(entry.recipe, read_header_file(gemma_path))
+    sized = Sizing(entry.recipe, read_header_file(gemma_path))
     for usable in [0, 500 * MiB, 1500 * MiB, 1600 * MiB, 1700 * MiB, 4000 * MiB]:
         want = kv.max_context(usable, sized.weights, sized.geom, sized.settings)
         assert sized.max_context(usable) == want, usable
@@ -359,7 +359,7 @@ def test_a_host_deploy_would_refuse_is_refused_with_the_check(tiny_path: Path) -
 def test_headers_read_once_then_planned_with_the_hub_gone(tiny_path: Path, tmp_path: Path) -> None:
     """A real Range read from a Hub-style server fills the per-commit cache; with the server
     stopped the same header comes from the cache, and a fresh cache says how to get it."""
-    from tensorless_deploy.local.headers import read_headers
+    from tensorless_deploy.gguf.header import read_headers
     from tests.hosts.hf_server import HFServer
 
     key = ("tensorless-test/plan-GGUF", "1" * 40, tiny_path.name)

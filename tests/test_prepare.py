@@ -73,7 +73,8 @@ def plan_for(f: HostFacts, options: Options | None = None, *, model: bool = Fals
     if not model:
         return readiness("gpu1", f, load_catalog(), opts)
     recipe = Recipe.model_validate(example())
-    return plan_host("gpu1", f, [Entry(f"{recipe.model.hf_repo}/p100.toml", recipe)], opts)
+    entry = Entry(f"{recipe.model.hf_repo}/p100.toml", recipe)
+    return plan_host("gpu1", f, [entry], opts, sizing=None)
 
 
 def prep(f: HostFacts, options: Options | None = None, **kw: Any) -> HostPrep:
@@ -212,7 +213,7 @@ def test_an_old_driver_stops_the_host_with_the_recipe_minimum() -> None:
             )
         }
     )
-    plan = plan_host("gpu1", old, [Entry("x/p100.toml", recipe)], Options())
+    plan = plan_host("gpu1", old, [Entry("x/p100.toml", recipe)], Options(), sizing=None)
     p = prepare_host(plan, old, ToolkitSource(), driver_need([recipe]))
     assert p.stop is not None and p.stop.startswith("driver.version: driver 515.105.01")
     assert f"{recipe.card.min_driver} (p100)" in p.stop

@@ -348,3 +348,40 @@ def test_recipe_digest_is_canonical_and_content_sensitive(tmp_path: Path) -> Non
 def test_builtin_catalog_is_valid() -> None:
     catalog = load_catalog()
     assert catalog.find("pn3")[0].recipe.receipt.decode_tps == {"short": 30.06}
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (dict(repo="org/a-GGUF", name="co.ll"), dict(repo="org/b-GGUF", name="co-ll")),
+        (dict(repo="advorg/x-y-GGUF"), dict(repo="advorg-x/y-GGUF")),
+        (dict(repo="Org/Dot.Name"), dict(repo="org/dot-name-x", name="org-dot-name")),
+    ],
+)
+def test_recipes_whose_units_share_a_name_are_refused_naming_both(
+    tmp_path: Path, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    a = variant(first["repo"], name=first.get("name"))
+    b = variant(second["repo"], name=second.get("name"))
+    write_recipe(tmp_path, a)
+    write_recipe(tmp_path, b)
+    with pytest.raises(RecipeError) as info:
+        load_catalog(tmp_path)
+    unit = [p for p in info.value.problems if "unit name" in p]
+    assert len(unit) == 1, info.value.problems
+    paths = sorted(f"{r['model']['hf_repo']}/p100.toml" for r in (a, b))
+    assert all(p in unit[0] for p in paths), unit
+    assert "would replace the other's unit" in unit[0] and "model.name" in unit[0]
+
+
+def test_a_unit_name_that_is_another_recipes_instance_is_refused(tmp_path: Path) -> None:
+    # org/m-GGUF on p100 is tensorless-org-m-gguf-p100; its second instance ...-p100-1
+    write_recipe(tmp_path, variant("org/m-GGUF"))
+    write_recipe(tmp_path, variant("org/n-GGUF", card="p100-1", name="org-m-gguf"))
+    with pytest.raises(RecipeError) as info:
+        load_catalog(tmp_path)
+    assert info.value.problems == [
+        "org/n-GGUF/p100-1.toml: its unit name tensorless-org-m-gguf-p100-1 is the name of "
+        "instance 1 of org/m-GGUF/p100.toml (tensorless-org-m-gguf-p100); give one of them a "
+        "model.name of its own (units are named after it)"
+    ]

@@ -183,8 +183,9 @@ def _inventory_targets(
     from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
     from tensorless_deploy.fleet.inventory import load_inventory, options_for, select_hosts
     from tensorless_deploy.fleet.status import model_units
-    from tensorless_deploy.launch.spec import LABEL_TLS, unit_name
+    from tensorless_deploy.launch.spec import LABEL_TLS
     from tensorless_deploy.local.bench import over_channel, tls_context
+    from tensorless_deploy.recipe.catalog import unit_name
 
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])

@@ -57,19 +57,19 @@ def _host_text(r: HostReport, details: bool) -> list[str]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from tensorless_deploy.fleet.connect import new_state, survey_hosts
+    from tensorless_deploy.fleet.connect import new_state, survey_and_size
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
     from tensorless_deploy.hostplan.doctor import host_report, report_json
 
     catalog = catalog_from(args)
-    for model in args.models:
-        catalog.find(model)  # an unknown model is a usage problem before any host is touched
+    # an unknown model is a usage problem before any host is touched
+    entries = [e for model in args.models for e in catalog.find(model)]
     flags = flags_from(args)
     inventory = load_inventory(args.inventory, args.local)
     hosts = select_hosts(inventory, args.limit or [])
     state = new_state(inventory)
-    surveyed = survey_hosts(state, hosts, flags, local=args.local)
-    reports = [host_report(s, catalog, args.models) for s in surveyed]
+    surveyed, sizing = survey_and_size(state, hosts, flags, entries, local=args.local)
+    reports = [host_report(s, catalog, args.models, sizing) for s in surveyed]
     if args.json:
         emit_json(report_json(reports))
     else:

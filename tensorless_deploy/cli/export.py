@@ -128,7 +128,8 @@ def build_export(recipe: Recipe, flags: Flags, target: Target, digest: str) -> E
         render_documents,
         to_yaml,
     )
-    from tensorless_deploy.launch.spec import build_launch_spec, unit_name
+    from tensorless_deploy.launch.spec import build_launch_spec
+    from tensorless_deploy.recipe.catalog import unit_name
 
     refusal = state_refusal(recipe, "run", flags.allow_draft)
     if refusal:

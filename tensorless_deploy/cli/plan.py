@@ -119,6 +119,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     from tensorless_deploy.fleet.connect import new_state, survey_hosts
     from tensorless_deploy.fleet.inventory import load_inventory, offline_hosts, select_hosts
+    from tensorless_deploy.gguf.header import header_cache_dir, read_headers
     from tensorless_deploy.hostplan.placement import (
         MARGIN,
         PlanOptions,
@@ -126,7 +127,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         plan,
         plan_json,
     )
-    from tensorless_deploy.local.headers import header_cache_dir, read_headers
 
     t0 = time.perf_counter()
     if args.offline and args.local:

@@ -38,6 +38,7 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     seed's state table and the failed checks refuse here, before anything is fetched."""
     from tensorless_deploy.decisions.checks import state_refusal
     from tensorless_deploy.decisions.options import resolve
+    from tensorless_deploy.gguf.sizing import read_sizings
     from tensorless_deploy.hostplan.plan import plan_host, select, with_preview_card
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.facts import local_facts
@@ -59,7 +60,16 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
     if dry and card and (facts.gpus.state != "ok" or select(entries, facts) is None):
         # a preview of the card's recipe on a machine without that card
         facts = with_preview_card(facts, entries[0].recipe)
-    plan = plan_host(HERE, facts, entries, options, units=False, secrets_root=local_secrets_root())
+    sizing = read_sizings([(e.path, e.recipe) for e in entries])  # the memory verdict's input
+    plan = plan_host(
+        HERE,
+        facts,
+        entries,
+        options,
+        sizing=sizing,
+        units=False,
+        secrets_root=local_secrets_root(),
+    )
     if plan.recipe is None:
         raise Refused(args.model, plan.failed())
     refusal = state_refusal(plan.recipe, "dry_run" if dry else "run", options.allow_draft)

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -18,6 +19,7 @@ from typing import Any, Literal, cast
 from tensorless_deploy.errors import InventoryError, UsageError
 from tensorless_deploy.hub import DEFAULT_MODELS_DIR
 from tensorless_deploy.recipe.flags import extra_args_problem
+from tensorless_deploy.recipe.schema import INT32_MAX
 
 EngineChoice = Literal["auto", "podman", "docker"]
 ENGINE_CHOICES: tuple[EngineChoice, ...] = ("auto", "podman", "docker")
@@ -165,9 +167,10 @@ def parse_instances(text: str) -> Instances:
 
 
 def _context(v: object) -> str | None:
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+    # the recipe schema's own bound on run.context: llama-server reads -c as an int
+    if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= INT32_MAX:
         return None
-    return "must be a positive number of tokens"
+    return f"must be a positive number of tokens, at most {INT32_MAX:,}"
 
 
 def _flag(v: object) -> str | None:
@@ -185,7 +188,12 @@ def read_secret_file(path: str, what: str) -> str:
     UnicodeError or OSError becomes ValueError with one line saying why. Never logged."""
     full = os.path.expanduser(path)
     try:
-        with open(full, "rb") as f:
+        # a FIFO, a device or a directory would block or mislead the read: regular files only,
+        # opened without blocking and checked on the descriptor (no race with a swap)
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError(f"{path} is not a regular file: not {what}")
             data = f.read(SECRET_MAX_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -259,7 +267,7 @@ class Setting:
 SETTINGS = (
     Setting("port", DATA_PORT, "--port", _port, DEFAULT_PORT),
     Setting("bind", DATA_BIND, "--bind", _bind, DEFAULT_BIND),
-    Setting("models_dir", DATA_MODELS_DIR, "--models-dir", _models_dir, DEFAULT_MODELS_DIR),
+    Setting("models_dir", DATA_MODELS_DIR, None, _models_dir, DEFAULT_MODELS_DIR),
     Setting("engine", DATA_ENGINE, "--engine", _engine, "auto"),
     Setting("context", None, "--context", _context, None),
     Setting("instances", DATA_INSTANCES, "--instances", _instances, "all"),
@@ -293,9 +301,17 @@ class Flags:
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)
+    # the settings this command line can set (None: not known, e.g. an operator's deploy
+    # file): an error offers a flag only where the command has it
+    offered: frozenset[str] | None = None
 
     def spelled(self, setting: Setting) -> str:
         return (self.flag_names or {}).get(setting.name, setting.flag or setting.data_key or "")
+
+    def offers(self, setting: Setting) -> bool:
+        if self.offered is not None:
+            return setting.name in self.offered
+        return setting.flag is not None
 
 
 @dataclass(frozen=True)
@@ -369,7 +385,7 @@ def resolve(
                     given = tuple(given)
                 why = s.rule(given)
                 if why is not None:
-                    override = f", or override with {flags.spelled(s)}" if s.flag else ""
+                    override = f", or override with {flags.spelled(s)}" if flags.offers(s) else ""
                     raise InventoryError(
                         f"{host or 'host data'}: {s.data_key}: {why} (got {_show(given)})",
                         fix=f"correct {s.data_key} in the inventory{override}",

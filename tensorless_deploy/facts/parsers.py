@@ -30,6 +30,7 @@ from .values import (
     DiskSpace,
     Docker,
     Gpu,
+    GpuApp,
     GpuReport,
     InitSystem,
     Listener,
@@ -716,3 +717,32 @@ def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
                     continue
     close()
     return tuple(units)
+
+
+_APP_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{8,64}")
+
+
+def parse_gpu_apps(output: str, exit_code: int) -> tuple[GpuApp, ...] | None:
+    """The survey's ``gpu-apps`` section (scripts/gpu-apps.sh): one ``@app UUID PID MIB NAME``
+    line per compute process; None when nvidia-smi could not list them (exit 3)."""
+    if exit_code == 3:
+        return None
+    if exit_code != 0:
+        raise FactError(f"gpu apps: the survey section exited {exit_code}: {output.strip()}")
+    apps: list[GpuApp] = []
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) != 5 or parts[0] != "@app":
+            continue
+        _, uuid, pid, mib, name = parts
+        if not (_APP_UUID.fullmatch(uuid) and pid.isdigit() and mib.isdigit()):
+            continue  # [N/A] memory (MIG, some drivers): nothing to count
+        apps.append(
+            GpuApp(
+                gpu_uuid=uuid,
+                pid=int(pid),
+                used_mib=int(mib),
+                container=None if name == "-" else name,
+            )
+        )
+    return tuple(apps)

@@ -26,6 +26,7 @@ from .parsers import (
     parse_df,
     parse_docker_version,
     parse_engine_paths,
+    parse_gpu_apps,
     parse_nproc,
     parse_nvidia_ctk_version,
     parse_nvidia_smi,
@@ -43,6 +44,7 @@ from .values import (
     ContainerEngines,
     ContainerToolkit,
     DiskSpace,
+    GpuApp,
     GpuReport,
     HostFacts,
     InitSystem,
@@ -81,6 +83,12 @@ def _need(command: str) -> str:
 
 def gpu_sections() -> tuple[Section, ...]:
     return (Section("nvidia-smi", f"{_need('nvidia-smi')}; {NVIDIA_SMI_QUERY}"),)
+
+
+def gpu_app_sections() -> tuple[Section, ...]:
+    """The compute processes on each card and their containers (the memory verdict counts what
+    a model's own instances hold as free when that model is planned again)."""
+    return (Section("gpu-apps", shell.load("tensorless_deploy.facts", "gpu-apps")),)
 
 
 def device_sections() -> tuple[Section, ...]:
@@ -174,6 +182,7 @@ def all_sections(
 ) -> tuple[Section, ...]:
     return (
         *gpu_sections(),
+        *gpu_app_sections(),
         *device_sections(),
         *engine_sections(),
         *toolkit_sections(),
@@ -296,6 +305,11 @@ def read_listeners(sections: Mapping[str, SectionOutput]) -> tuple[Listener, ...
     return parse_ss(ports.text, ports.exit_code)
 
 
+def read_gpu_apps(sections: Mapping[str, SectionOutput]) -> tuple[GpuApp, ...] | None:
+    apps = _section(sections, "gpu-apps")
+    return parse_gpu_apps(apps.text, apps.exit_code)
+
+
 def read_tool(sections: Mapping[str, SectionOutput]) -> ToolState:
     tool = _section(sections, "tensorless")
     return parse_tool_state(tool.text, tool.exit_code)
@@ -317,6 +331,7 @@ def build_host_facts(
     disk: DiskSpace | None = None,
     listeners: Sequence[Listener] | None = None,
     tool: ToolState | None = None,
+    gpu_apps: Sequence[GpuApp] | None = None,
     problems: Sequence[str] = (),
     source: Source = "host",
 ) -> HostFacts:
@@ -339,6 +354,7 @@ def build_host_facts(
             "disk": disk,
             "listeners": None if listeners is None else tuple(listeners),
             "tool": tool,
+            "gpu_apps": None if gpu_apps is None else tuple(gpu_apps),
             "problems": tuple(problems),
         }
     )
@@ -373,6 +389,7 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         listeners=read("ports", read_listeners),
         # surveys captured before the section existed say nothing of the tool's own state
         tool=read("tensorless", read_tool) if "tensorless" in sections else None,
+        gpu_apps=read("gpu-apps", read_gpu_apps) if "gpu-apps" in sections else None,
         problems=problems,
     )
 

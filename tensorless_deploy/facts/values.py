@@ -107,6 +107,16 @@ class GpuReport(FactModel):
         return None
 
 
+class GpuApp(FactModel):
+    """One compute process on a GPU, as `nvidia-smi --query-compute-apps` lists it, and the
+    container it runs in (its name: a unit of this tool names its container after itself)."""
+
+    gpu_uuid: str
+    pid: int
+    used_mib: int
+    container: str | None = None
+
+
 # --- device nodes ------------------------------------------------------------------------------
 
 
@@ -427,6 +437,7 @@ class HostFacts(FactModel):
     disk: DiskSpace | None = None
     listeners: tuple[Listener, ...] | None = None
     tool: ToolState | None = None
+    gpu_apps: tuple[GpuApp, ...] | None = None  # None: not known (nvidia-smi could not say)
     problems: tuple[str, ...] = ()
 
     @computed_field  # type: ignore[prop-decorator]

@@ -12,7 +12,9 @@ from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.gguf.sizing import Sizings
 from tensorless_deploy.hostplan.plan import SurveyedHost
+from tensorless_deploy.recipe.catalog import Entry
 
 CONNECT_TIMEOUT_S = 10
 T = TypeVar("T")
@@ -103,6 +105,31 @@ def survey_hosts(
         else:
             out.append(SurveyedHost(host.name, opts, r))
     return out
+
+
+def survey_and_size(
+    state: Any,
+    hosts: Sequence[Any],
+    flags: Flags,
+    entries: Sequence[Entry],
+    *,
+    local: bool = False,
+    keep_connected: bool = False,
+) -> tuple[list[SurveyedHost], Sizings]:
+    """survey_hosts, and at the same time the memory sizing of every recipe in entries from its
+    GGUF header (HTTP Range through the per-commit cache): what the host plan judges each card's
+    memory by, so that doctor, plan and deploy refuse the same cards with the same numbers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tensorless_deploy.gguf.sizing import read_sizings
+
+    if not entries:
+        return survey_hosts(state, hosts, flags, local=local, keep_connected=keep_connected), {}
+    pairs = [(e.path, e.recipe) for e in dict((e.path, e) for e in entries).values()]
+    with ThreadPoolExecutor(1) as pool:  # headers over HTTP while SSH surveys the hosts
+        pending = pool.submit(read_sizings, pairs)
+        surveyed = survey_hosts(state, hosts, flags, local=local, keep_connected=keep_connected)
+        return surveyed, pending.result()
 
 
 def disconnect(hosts: Sequence[Any]) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from tensorless_deploy.decisions.checks import Check, Tuning
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.values import HostFacts
-from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_hosts
+from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_and_size
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
 
@@ -327,7 +327,9 @@ def deploy(
 
     entries = catalog.find(request.model)
     state = new_state(inventory)
-    surveyed = survey_hosts(state, hosts, request.flags, local=request.local, keep_connected=True)
+    surveyed, sizing = survey_and_size(
+        state, hosts, request.flags, entries, local=request.local, keep_connected=True
+    )
     by_name = {h.name: h for h in hosts}
     results: dict[str, HostResult] = {}
     plans: dict[str, HostPlan] = {}
@@ -338,7 +340,7 @@ def deploy(
             if s.facts is None:
                 results[s.name] = HostResult(s.name, "failed", s.error)
                 continue
-            plan = plan_host(s.name, s.facts, entries, s.options)
+            plan = plan_host(s.name, s.facts, entries, s.options, sizing=sizing)
             if plan.ok:
                 plans[s.name] = plan
                 known[s.name] = survey_steps(plan, s.facts)

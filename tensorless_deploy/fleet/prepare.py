@@ -155,7 +155,7 @@ def prepare(
                 results[s.name] = PrepareResult(s.name, "failed", s.error)
                 continue
             if request.model:
-                plan = plan_host(s.name, s.facts, entries, s.options)
+                plan = plan_host(s.name, s.facts, entries, s.options, sizing=None)
             else:
                 plan = readiness(s.name, s.facts, catalog, s.options)
             prep = prepare_host(plan, s.facts, sources[s.name], need)

@@ -21,11 +21,9 @@ from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import (
     SECRETS_DIR,
     secrets_dir,
-    slug,
     unit_model_slug,
-    unit_name,
 )
-from tensorless_deploy.recipe.catalog import Catalog, Entry
+from tensorless_deploy.recipe.catalog import Catalog, Entry, slug, unit_name
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ def host_status(
         key = model.casefold()
         if key not in plans:
             try:
-                plans[key] = plan_host(name, facts, catalog.find(model), options)
+                plans[key] = plan_host(name, facts, catalog.find(model), options, sizing=None)
             except UnknownModelError:
                 plans[key] = None
         out.append(unit_status(u, plans[key], plans[key] is not None))

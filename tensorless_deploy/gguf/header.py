@@ -12,7 +12,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.client import HTTPMessage
 from pathlib import Path
@@ -610,3 +610,76 @@ def read_hub_header(
     if cache is not None and pinned:
         cache.put(repo, revision, filename, header)
     return header
+
+
+# --- the headers a plan sizes from: many at once, through the per-commit cache ----------------
+
+HeaderKey = tuple[str, str, str]  # (repo, revision, file)
+HEADER_THREADS = 8
+
+
+@dataclass(frozen=True)
+class HeaderResult:
+    """The GGUF header of one (repo, revision, file), or why it could not be read."""
+
+    header: GGUFHeader | None
+    error: str | None = None
+    cached: bool = False
+
+
+def header_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/tensorless-deploy/headers (default ~/.cache/...)."""
+    from tensorless_deploy.hub import controller_state_dir
+
+    return Path(controller_state_dir()) / "headers"
+
+
+def read_headers(
+    keys: Sequence[HeaderKey], cache_dir: Path | None, endpoint: str | None = None
+) -> dict[HeaderKey, HeaderResult]:
+    """Each (repo, revision, file) header once, in parallel, through the per-commit cache (a
+    few hundred KiB of each file over HTTP Range, never the whole file). A token
+    (huggingface_hub's) is looked up only when the server asks for one. Never raises: a header
+    that cannot be read is a result carrying why, with the fix."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tensorless_deploy.hub import endpoint as hf_endpoint
+    from tensorless_deploy.hub import token as hub_token
+
+    base = endpoint or hf_endpoint()
+    cache = cache_dir
+    if cache is not None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            cache = None  # planning still works, it only reads the headers again next time
+
+    def one(key: HeaderKey) -> HeaderResult:
+        repo, revision, filename = key
+        try:
+            try:
+                h = read_hub_header(repo, revision, filename, endpoint=base, cache_dir=cache)
+            except HeaderError as exc:
+                if "HTTP 401" not in exc.message and "HTTP 403" not in exc.message:
+                    raise
+                token = hub_token()
+                if not token:
+                    fix = "log in with `hf auth login` or set HF_TOKEN (gated or private repo)"
+                    raise HeaderError(exc.message, fix=fix) from None
+                h = read_hub_header(
+                    repo, revision, filename, token=token, endpoint=base, cache_dir=cache
+                )
+        except TensorlessError as exc:
+            if exc.fix is None and ": cannot fetch: " in exc.message:
+                exc.fix = (
+                    f"reach {base} (or a mirror of it: HF_ENDPOINT) once; each commit's header is "
+                    f"then kept in {cache or header_cache_dir()} and planning needs no network"
+                )
+            return HeaderResult(None, exc.lines()[0])
+        return HeaderResult(h, None, cached=h.bytes_fetched == 0)
+
+    unique = list(dict.fromkeys(keys))
+    if not unique:
+        return {}
+    with ThreadPoolExecutor(min(HEADER_THREADS, len(unique))) as pool:
+        return dict(zip(unique, pool.map(one, unique), strict=True))

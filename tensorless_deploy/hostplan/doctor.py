@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tensorless_deploy.decisions.checks import Check
+from tensorless_deploy.gguf.sizing import Sizings
 from tensorless_deploy.hostplan.plan import HostPlan, SurveyedHost, plan_host, readiness
 from tensorless_deploy.recipe.catalog import Catalog
 
@@ -29,8 +30,11 @@ def _ready(p: HostPlan) -> bool:
     return p.verdict.ok and p.problem is None and (p.model is None or bool(p.instances))
 
 
-def host_report(surveyed: SurveyedHost, catalog: Catalog, models: Sequence[str]) -> HostReport:
-    """The same host plans deploy computes, for the models asked (readiness without any)."""
+def host_report(
+    surveyed: SurveyedHost, catalog: Catalog, models: Sequence[str], sizing: Sizings
+) -> HostReport:
+    """The same host plans deploy computes, for the models asked (readiness without any);
+    sizing: the models' recipes sized from their headers (the memory verdict)."""
     if surveyed.facts is None:
         return HostReport(surveyed.name, surveyed.error, ())
     facts = surveyed.facts
@@ -40,7 +44,8 @@ def host_report(surveyed: SurveyedHost, catalog: Catalog, models: Sequence[str])
             surveyed.name, None, (readiness(surveyed.name, facts, catalog, surveyed.options),), gpus
         )
     plans = tuple(
-        plan_host(surveyed.name, facts, catalog.find(model), surveyed.options) for model in models
+        plan_host(surveyed.name, facts, catalog.find(model), surveyed.options, sizing=sizing)
+        for model in models
     )
     return HostReport(surveyed.name, None, plans, gpus)
 

@@ -10,10 +10,9 @@ alternative, card_digest), brought to an SSH inventory of single-card llama-serv
   and deploy use); it places on ONE GPU whose card it matches, so a host with several matching
   GPUs gets one row per GPU. A host whose plan fails a check that has nothing to do with memory
   (no container toolkit, a taken port...) is refused with that check, as deploy would refuse it.
-- Memory needed is kv.estimate_memory at the context (weights = the GGUF's size, KV exactly as
-  llama-server allocates it for the recipe's -ctk/-ctv/-fa/-np/-ub, a compute buffer estimate, a
-  fixed runtime overhead); what may be filled is kv.usable_bytes (free memory less the card
-  headroom). MARGIN below says it in words.
+- Memory is the host plan's own verdict per card (decisions.memory: the need at the context
+  against the usable memory, the same numbers doctor and deploy act on); MARGIN says it in
+  words.
 - Refusals carry a stable code: ``no_valid_placement`` (no card match, a draft or unpublished
   recipe, does not fit), ``placement_info_pending`` (host facts or the GGUF header not readable
   yet), ``model_card_identity_mismatch`` (the header contradicts the recipe).
@@ -36,11 +35,19 @@ from tensorless_deploy.decisions.checks import (
     gpu_fits_card,
     state_refusal,
 )
+from tensorless_deploy.decisions.memory import (
+    MARGIN,
+    MEMORY_CHECK,
+    CardFit,
+    CardMemory,
+    fit_card,
+    fmt_bytes,
+)
 from tensorless_deploy.decisions.options import Options
-from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import Gpu, HostFacts
 from tensorless_deploy.gguf import kv
-from tensorless_deploy.gguf.header import GGUFHeader
+from tensorless_deploy.gguf.header import HeaderKey, HeaderResult
+from tensorless_deploy.gguf.sizing import ProblemKind, header_key, sizings
 from tensorless_deploy.hostplan.plan import (
     CARD_CHECKS,
     HostPlan,
@@ -49,29 +56,19 @@ from tensorless_deploy.hostplan.plan import (
     plan_host,
 )
 from tensorless_deploy.recipe.catalog import Entry, recipe_digest
-from tensorless_deploy.recipe.schema import Recipe
 
 ErrorCode = Literal["no_valid_placement", "placement_info_pending", "model_card_identity_mismatch"]
 NO_VALID_PLACEMENT: ErrorCode = "no_valid_placement"
 INFO_PENDING: ErrorCode = "placement_info_pending"
 IDENTITY_MISMATCH: ErrorCode = "model_card_identity_mismatch"
 MiB = kv.MiB
-
-MARGIN = (
-    "need = GGUF file size (no fudge factor) + the KV cache exactly as llama-server allocates it "
-    f"+ compute buffer (n_ubatch x widest activation x 4 B x {kv.COMPUTE_SLACK} + "
-    f"{kv.COMPUTE_BASE_BYTES // MiB} MiB) + {kv.RUNTIME_OVERHEAD_BYTES // MiB} MiB runtime "
-    "(CUDA context, cuBLAS, pools); it must fit in usable = free - headroom, where free = "
-    "memory.total - memory.used (nvidia-smi) and headroom = max("
-    f"{kv.CARD_HEADROOM_MIN_BYTES // MiB} MiB, {kv.CARD_HEADROOM_FRACTION:.0%} of total)"
-)
-
-HeaderKey = tuple[str, str, str]  # (repo, revision, file)
-
-
-def header_key(recipe: Recipe) -> HeaderKey:
-    m = recipe.model
-    return (m.hf_repo, m.revision, m.file)
+__all__ = ["MARGIN", "CardMemory", "HeaderKey", "HeaderResult", "header_key"]
+# a sizing problem's kind -> the specification's code
+PROBLEM_CODES: dict[ProblemKind, ErrorCode] = {
+    "pending": INFO_PENDING,
+    "mismatch": IDENTITY_MISMATCH,
+    "invalid": NO_VALID_PLACEMENT,
+}
 
 
 def _split_mode_none(args: Sequence[str]) -> bool:
@@ -85,48 +82,9 @@ def _split_mode_none(args: Sequence[str]) -> bool:
 
 
 @dataclass(frozen=True)
-class HeaderResult:
-    """The GGUF header of one (repo, revision, file), or why it could not be read."""
-
-    header: GGUFHeader | None
-    error: str | None = None
-    cached: bool = False
-
-
-@dataclass(frozen=True)
 class PlanOptions:
     context: int | None = None  # --context N: does N fit (untuned when it differs)
     allow_draft: bool = False
-
-
-@dataclass(frozen=True)
-class CardMemory:
-    """One GPU's memory as the planner counts it, in bytes."""
-
-    total: int
-    used: int
-    used_known: bool
-    headroom: int
-    usable: int
-
-    @property
-    def free(self) -> int:
-        return max(0, self.total - self.used)
-
-
-def card_memory(gpu: Gpu) -> CardMemory | None:
-    if gpu.memory_total_mib is None:
-        return None
-    total = gpu.memory_total_mib * MiB
-    used = (gpu.memory_used_mib or 0) * MiB
-    free = max(0, total - used)
-    return CardMemory(
-        total=total,
-        used=used,
-        used_known=gpu.memory_used_mib is not None,
-        headroom=max(kv.CARD_HEADROOM_MIN_BYTES, int(total * kv.CARD_HEADROOM_FRACTION)),
-        usable=kv.usable_bytes(free, total),
-    )
 
 
 @dataclass(frozen=True)
@@ -180,81 +138,8 @@ class ModelPlan:
         return self.best is not None
 
 
-class _Sizing:
-    """One recipe's KV geometry and settings, with the memory need per context memoized
-    (a fleet of identical cards asks the same few contexts again and again)."""
-
-    def __init__(self, recipe: Recipe, header: GGUFHeader) -> None:
-        self.recipe = recipe
-        self.geom = kv.geometry(header)
-        self.settings = kv.parse_server_args(recipe.run.args)
-        self.kv_bytes_per_token = kv.kv_bytes_per_token(self.geom, self.settings)
-        self.weights = recipe.model.size_bytes
-        self._need: dict[int, kv.MemoryEstimate] = {}
-        self._max: dict[int, int] = {}
-
-    def need(self, n_ctx: int) -> kv.MemoryEstimate:
-        est = self._need.get(n_ctx)
-        if est is None:
-            est = kv.estimate_memory(self.geom, self.settings, n_ctx, self.weights)
-            self._need[n_ctx] = est
-        return est
-
-    def max_context(self, usable: int) -> int:
-        """kv.max_context, searching over the memoized needs (same steps, same answer)."""
-        hit = self._max.get(usable)
-        if hit is not None:
-            return hit
-        cap = self.geom.context_length
-
-        def fits(c: int) -> bool:
-            return self.need(c).total_bytes <= usable
-
-        if fits(cap):
-            best = cap
-        else:
-            hi = (cap - 1) // kv.CTX_PAD
-            if hi == 0 or not fits(kv.CTX_PAD):
-                best = 0
-            else:
-                lo = 1
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if fits(mid * kv.CTX_PAD):
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                best = lo * kv.CTX_PAD
-        self._max[usable] = best
-        return best
-
-
-def identity_problem(recipe: Recipe, header: GGUFHeader) -> str | None:
-    """Why this header cannot be the recipe's file, or None."""
-    m = recipe.model
-    what = f"{m.hf_repo}@{m.revision[:12]} {m.file}"
-    if header.file_size is not None and header.file_size != m.size_bytes:
-        return (
-            f"{what}: the server says the file is {header.file_size} bytes, the recipe says "
-            f"size_bytes = {m.size_bytes}"
-        )
-    arch = header.metadata.get(Keys.General.ARCHITECTURE)
-    if not isinstance(arch, str) or not arch:
-        return f"{what}: the GGUF header has no {Keys.General.ARCHITECTURE}"
-    for template in (Keys.LLM.CONTEXT_LENGTH, Keys.LLM.BLOCK_COUNT, Keys.LLM.EMBEDDING_LENGTH):
-        key = template.format(arch=arch)
-        value = header.metadata.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            return f"{what}: the GGUF header has no usable {key} (architecture {arch})"
-    return None
-
-
 def _gpu_text(gpu: Gpu) -> str:
     return describe_gpu(gpu)
-
-
-def _fmt_bytes(n: int) -> str:
-    return f"{n / kv.GiB:.2f} GiB" if n >= kv.GiB else f"{n / MiB:.1f} MiB"
 
 
 class _Recipes:
@@ -268,7 +153,7 @@ class _Recipes:
     ) -> None:
         self.entries = entries
         self.options = options
-        self.sizing = {e.path: _size_recipe(e, headers) for e in entries}
+        self.sizing = sizings([(e.path, e.recipe) for e in entries], headers)
         self.digest = {e.path: recipe_digest(e.recipe) for e in entries}
         self.refusal = {
             e.path: state_refusal(e.recipe, "run", options.allow_draft) for e in entries
@@ -287,7 +172,7 @@ class _Recipes:
 
 
 # Checks the rows judge themselves (with the specification's codes and their own words)
-ROW_CHECKS = (*CARD_CHECKS, "recipe.state")
+ROW_CHECKS = (*CARD_CHECKS, "recipe.state", MEMORY_CHECK)
 
 
 def _deploy_refusal(plan: HostPlan) -> str | None:
@@ -339,7 +224,10 @@ def _rows_of(model: str, host: SurveyedHost, rc: _Recipes) -> list[Placement]:
             )
         ]
     rows: list[Placement] = []
-    hp = plan_host(host.name, host.facts, rc.entries, host.options, units=False)
+    options = host.options
+    if rc.options.context is not None and options.context != rc.options.context:
+        options = dataclasses.replace(options, context=rc.options.context)  # the one asked
+    hp = plan_host(host.name, host.facts, rc.entries, options, sizing=rc.sizing, units=False)
     if hp.entry is not None:
         entry = hp.entry
         refusal = _deploy_refusal(hp)
@@ -350,12 +238,16 @@ def _rows_of(model: str, host: SurveyedHost, rc: _Recipes) -> list[Placement]:
         for gpu in fits:
             inst = serving.get(gpu.index)
             row_refusal = refusal
-            if row_refusal is None and hp.instances and inst is None:
+            fit = hp.fit(gpu.index)
+            held = fit is None or fit.fits is not False  # a card too small says so itself
+            if row_refusal is None and hp.instances and inst is None and held:
                 row_refusal = (
                     "not one of this host's instances (tensorless_instances / --instances "
                     "choose the cards)"
                 )
-            rows.append(_gpu_row(model, host.name, entry, gpu, len(fits), rc, row_refusal, inst))
+            rows.append(
+                _gpu_row(model, host.name, entry, gpu, len(fits), rc, fit, row_refusal, inst)
+            )
     if not rows:
         cards = "; ".join(
             f"{e.recipe.card.id} (compute {e.recipe.card.compute_capability}, >= "
@@ -381,9 +273,12 @@ def _gpu_row(
     gpu: Gpu,
     n_matching: int,
     rc: _Recipes,
+    fit: CardFit | None,
     deploy_refusal: str | None = None,
     instance: Instance | None = None,
 ) -> Placement:
+    """One GPU's row, from the host plan's memory verdict for that card (the same numbers
+    doctor and deploy act on)."""
     recipe = entry.recipe
     options = rc.options
     context = options.context if options.context is not None else recipe.run.context
@@ -396,7 +291,9 @@ def _gpu_row(
             f"{n_matching} GPUs match; without -sm none llama.cpp would split layers across "
             "all it sees: planned per card (one card is enough)"
         )
-    mem = card_memory(gpu)
+    if fit is None:  # the plan did not judge this card (it cannot: every matching card is)
+        fit = fit_card(rc.sizing.get(entry.path), gpu, context)
+    mem = fit.memory
     row: dict[str, Any] = dict(
         model=model,
         host=host,
@@ -425,70 +322,26 @@ def _gpu_row(
             f"driver {gpu.driver_version or '?'} is older than "
             f"{recipe.card.min_driver}, the oldest this recipe runs on",
         )
-    sized = rc.sizing[entry.path]
-    if isinstance(sized, Placement):  # header missing, mismatched, or not sizable
-        assert sized.error_code is not None
-        return refuse(sized.error_code, sized.error)
+    if fit.problem is not None:  # header missing, mismatched, or not sizable
+        return refuse(PROBLEM_CODES[fit.problem.kind], fit.problem.why)
     if mem is None:
-        return refuse(INFO_PENDING, f"{_gpu_text(gpu)}: total memory unknown")
+        return refuse(INFO_PENDING, fit.why)
     if not mem.used_known:
         notes.append("memory used unknown (inventory data): assumed 0")
-    max_ctx = sized.max_context(mem.usable)
-    row.update(kv_bytes_per_token=sized.kv_bytes_per_token, max_context_tokens=max_ctx)
-    cap = sized.geom.context_length
-    if context > cap:
+    if mem.own:
+        notes.append(
+            f"{fmt_bytes(mem.own)} held by this model's own running instances counted as free"
+        )
+    row.update(kv_bytes_per_token=fit.kv_bytes_per_token, max_context_tokens=fit.max_context)
+    if fit.context_over_model:
         row["context_fits"] = False
-        why = f"context {context} is more than the model's context_length {cap}"
-        return refuse(NO_VALID_PLACEMENT, why)
-    need = sized.need(context)
-    fits = need.total_bytes <= mem.usable
-    row.update(memory=need, context_fits=fits)
+        return refuse(NO_VALID_PLACEMENT, fit.why)
+    row.update(memory=fit.need, context_fits=fit.fits)
     if deploy_refusal is not None:
         return refuse(NO_VALID_PLACEMENT, f"deploy would refuse this host: {deploy_refusal}")
-    if fits:
+    if fit.fits:
         return Placement(**row, notes=tuple(notes))
-    if max_ctx == 0:
-        why = (
-            f"does not fit at any context: needs {_fmt_bytes(sized.need(kv.CTX_PAD).total_bytes)}"
-            f" at {kv.CTX_PAD} tokens, {_fmt_bytes(mem.usable)} usable"
-        )
-    else:
-        why = (
-            f"context {context} needs {_fmt_bytes(need.total_bytes)}, {_fmt_bytes(mem.usable)} "
-            f"usable; the largest context that fits is {max_ctx} (--context {max_ctx}, untuned)"
-        )
-    return refuse(NO_VALID_PLACEMENT, why)
-
-
-def _size_recipe(entry: Entry, headers: Mapping[HeaderKey, HeaderResult]) -> _Sizing | Placement:
-    """A recipe's sizing, or a Placement carrying why it cannot be sized (code and reason)."""
-    recipe = entry.recipe
-    key = header_key(recipe)
-    got = headers.get(key)
-    m = recipe.model
-    if got is None or got.header is None:
-        why = got.error if got is not None and got.error else "not read"
-        why = f"GGUF header of {m.hf_repo} {m.file} not readable yet: {why}"
-        return Placement(model=m.hf_repo, host="", error_code=INFO_PENDING, error=why)
-    problem = identity_problem(recipe, got.header)
-    if problem is not None:
-        return Placement(model=m.hf_repo, host="", error_code=IDENTITY_MISMATCH, error=problem)
-    try:
-        return _Sizing(recipe, got.header)
-    except kv.GeometryError as exc:
-        return Placement(
-            model=m.hf_repo,
-            host="",
-            error_code=IDENTITY_MISMATCH,
-            error=f"{entry.path}: {exc.message}",
-        )
-    except TensorlessError as exc:  # KVSettingsError: llama-server would refuse these args
-        return Placement(
-            model=m.hf_repo,
-            host="",
-            error_code=NO_VALID_PLACEMENT,
-            error=f"{entry.path}: {exc.message}",
-        )
+    return refuse(NO_VALID_PLACEMENT, fit.why)
 
 
 def _rank_key(p: Placement) -> tuple[int, int, str, int]:
@@ -583,6 +436,7 @@ def _memory_json(p: Placement) -> dict[str, Any] | None:
         "free_bytes": cm.free if cm else None,
         "headroom_bytes": cm.headroom if cm else None,
         "usable_bytes": cm.usable if cm else None,
+        "own_bytes": cm.own if cm else None,
     }
 
 

@@ -27,9 +27,11 @@ from tensorless_deploy.decisions.checks import (
     pick_engine,
     state_refusal,
 )
+from tensorless_deploy.decisions.memory import CardFit, fit_card, memory_check, own_bytes
 from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.facts.values import LABEL_PORT, Gpu, HostFacts, ToolUnit
+from tensorless_deploy.facts.values import LABEL_MODEL, LABEL_PORT, Gpu, HostFacts, ToolUnit
+from tensorless_deploy.gguf.sizing import SizingProblem, Sizings
 from tensorless_deploy.hub import CachePaths, resolve_url
 from tensorless_deploy.launch.container import (
     HEALTH_ON_FAILURE_MIN_PODMAN,
@@ -42,9 +44,8 @@ from tensorless_deploy.launch.spec import (
     TLS_KEY_NAME,
     LaunchSpec,
     build_launch_spec,
-    unit_name,
 )
-from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths
+from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths, unit_name
 from tensorless_deploy.recipe.schema import Recipe
 
 # Where an engine lives when the survey could not say (surveys older than the engine-paths
@@ -98,6 +99,12 @@ class HostPlan:
     quadlet_bin: str | None = None
     problem: str | None = None  # a value that cannot be written into a unit safely
     surplus: tuple[ToolUnit, ...] = ()  # instances of the recipe there beyond the plan: removed
+    fits: tuple[CardFit, ...] = ()  # the memory verdict of every card matching the recipe
+
+    def fit(self, gpu_index: int) -> CardFit | None:
+        """The memory verdict of one card (None: it does not match the recipe, or memory was
+        not judged)."""
+        return next((f for f in self.fits if f.gpu.index == gpu_index), None)
 
     @property
     def ok(self) -> bool:
@@ -200,11 +207,18 @@ def _describe(gpus: Sequence[Gpu]) -> str:
     return ", ".join(f"GPU {g.index} {g.uuid or ''}".strip() for g in gpus) or "none"
 
 
-def layout(usable: Sequence[Gpu], base: str, options: Options) -> Layout:
+def layout(
+    usable: Sequence[Gpu], base: str, options: Options, refused: Sequence[CardFit] = ()
+) -> Layout:
     """One instance per usable card (the recipe was measured on one card): all of them, the
     first N, or the ones the inventory lists (tensorless_instances); ports from tensorless_port
-    plus the ordinal, or the tensorless_ports list."""
+    plus the ordinal, or the tensorless_ports list. refused: matching cards that cannot hold
+    the model (the memory verdict), named with why when the choice needs them."""
     cards = sorted(usable, key=lambda g: g.index)
+
+    def why_not() -> str:
+        return "".join(f"; GPU {f.gpu.index} does not fit: {f.why}" for f in refused)
+
     choice = options.instances
     chosen: list[Gpu]
     if choice == "all":
@@ -214,7 +228,7 @@ def layout(usable: Sequence[Gpu], base: str, options: Options) -> Layout:
             return Layout(
                 (),
                 f"{choice} instance(s) asked, but {len(cards)} usable card(s) "
-                f"here: {_describe(cards)}",
+                f"here: {_describe(cards)}{why_not()}",
             )
         chosen = cards[:choice]
     else:
@@ -223,7 +237,8 @@ def layout(usable: Sequence[Gpu], base: str, options: Options) -> Layout:
             hit = next((g for g in cards if g.index == want or g.uuid == want), None)
             if hit is None:
                 return Layout(
-                    (), f"GPU {want} is not a usable card here (usable: {_describe(cards)})"
+                    (),
+                    f"GPU {want} is not a usable card here (usable: {_describe(cards)}){why_not()}",
                 )
             chosen.append(hit)
     if options.ports is not None and len(options.ports) != len(chosen):
@@ -239,13 +254,24 @@ def layout(usable: Sequence[Gpu], base: str, options: Options) -> Layout:
     return Layout(tuple((instance_name(base, i), ports[i], g) for i, g in enumerate(chosen)))
 
 
-def surplus_units(facts: HostFacts, base: str, keep: Sequence[str]) -> tuple[ToolUnit, ...]:
+def surplus_units(
+    facts: HostFacts, base: str, keep: Sequence[str], model: str | None = None
+) -> tuple[ToolUnit, ...]:
     """Instances of this recipe on the host that the plan no longer has (base-N beyond the
-    count): they are stopped and removed when the plan is applied."""
+    count): they are stopped and removed when the plan is applied. A unit of that name that
+    serves another model is never one of them."""
     if facts.tool is None:
         return ()
     pattern = re.compile(re.escape(base) + r"(-[0-9]+)?")
-    return tuple(u for u in facts.tool.units if pattern.fullmatch(u.name) and u.name not in keep)
+    key = model.casefold() if model is not None else None
+
+    def ours(u: ToolUnit) -> bool:
+        label = u.labels.get(LABEL_MODEL)
+        return key is None or label is None or label.casefold() == key
+
+    return tuple(
+        u for u in facts.tool.units if pattern.fullmatch(u.name) and u.name not in keep and ours(u)
+    )
 
 
 def plan_host(
@@ -254,10 +280,14 @@ def plan_host(
     entries: Sequence[Entry],
     options: Options,
     *,
+    sizing: Sizings | None,
     units: bool = True,
     secrets_root: str = SECRETS_DIR,
 ) -> HostPlan:
-    """The host plan for one model (all its recipes, catalog order). units: render the unit
+    """The host plan for one model (all its recipes, catalog order). sizing: each recipe's
+    memory sizing (gguf.sizing.read_sizings, from the GGUF headers): every matching card is
+    judged against it and only cards that hold the model get an instance; None: memory is not
+    judged (status and prepare compare or prepare, they place nothing). units: render the unit
     files (deploy, serve, doctor); a foreground run needs none. secrets_root: where the
     operator's key and TLS files are installed for the container (a run: this machine's own)."""
     model = entries[0].recipe.model.hf_repo if entries else None
@@ -272,11 +302,25 @@ def plan_host(
     picked = pick_engine(facts, options.engine) if facts.engines is not None else None
     engine: EngineName = picked or ("docker" if options.engine == "docker" else "podman")
     base = unit_name(recipe)
-    lay = layout(usable, base, options) if usable else Layout(())
+    fits: tuple[CardFit, ...] = ()
+    if sizing is not None and usable:
+        sized = sizing.get(entry.path) or SizingProblem("pending", "GGUF header not read")
+        context = options.context if options.context is not None else recipe.run.context
+        own = own_containers(facts, m.hf_repo, base)
+        fits = tuple(fit_card(sized, g, context, own_bytes(g, facts.gpu_apps, own)) for g in usable)
+        refused = tuple(f for f in fits if f.fits is False)
+        usable = tuple(g for g in usable if all(f.gpu is not g for f in refused))
+    else:
+        refused = ()
+    lay = layout(usable, base, options, refused) if usable else Layout(())
     names = [name for name, _, _ in lay.instances]
-    existing = existing_on(facts, names, paths.blob)
+    # with no instance laid out (no card holds it), the recipe's own unit is still its own
+    existing = existing_on(facts, names or [base], paths.blob)
     ports = [port for _, port, _ in lay.instances] or [options.port]
     verdict = host_verdict(facts, recipe, options, existing=existing, ports=ports)
+    memory = memory_check(fits)
+    if memory is not None:
+        verdict = dataclasses.replace(verdict, checks=(*verdict.checks, memory))
     if lay.problem is not None:
         verdict = dataclasses.replace(
             verdict,
@@ -291,7 +335,9 @@ def plan_host(
                 ),
             ),
         )
-    elif len(lay.instances) > 1:
+    elif (owner := _other_owner(facts, m.hf_repo, names)) is not None:
+        verdict = dataclasses.replace(verdict, checks=(*verdict.checks, owner))
+    if lay.problem is None and len(lay.instances) > 1:
         seen = "; ".join(f"{n} on GPU {g.index} at port {p}" for n, p, g in lay.instances)
         verdict = dataclasses.replace(
             verdict, checks=(*verdict.checks, Check("instances.cards", "ok", seen))
@@ -348,7 +394,42 @@ def plan_host(
         engine_bin=binary,
         quadlet_bin=podman.quadlet_path if quadlet and podman is not None else None,
         problem=problem,
-        surplus=surplus_units(facts, base, names) if lay.problem is None else (),
+        surplus=surplus_units(facts, base, names, m.hf_repo) if lay.problem is None else (),
+        fits=fits,
+    )
+
+
+def _other_owner(facts: HostFacts, model: str, names: Sequence[str]) -> Check | None:
+    """A unit of the plan's name that serves another model (two recipes of other catalogs, or
+    of an older one, that share a unit name): deploying would replace it, so it is refused."""
+    if facts.tool is None:
+        return None
+    for name in names:
+        u = facts.tool.unit(name)
+        other = u.labels.get(LABEL_MODEL) if u is not None else None
+        if other is not None and other.casefold() != model.casefold():
+            return Check(
+                "unit.owner",
+                "fail",
+                f"{name} on this host serves {other} (its {LABEL_MODEL} label), not {model}: "
+                "deploying would replace another model's unit",
+                f"give the recipe a model.name of its own, or take the other model down first "
+                f"(tensorless-deploy stop {other})",
+            )
+    return None
+
+
+def own_containers(facts: HostFacts, model: str, base: str) -> tuple[str, ...]:
+    """The containers of this model's units on the host (a unit names its container after
+    itself): what they hold on a card is free when the model is planned again."""
+    if facts.tool is None:
+        return ()
+    pattern = re.compile(re.escape(base) + r"(-[0-9]+)?")
+    key = model.casefold()
+    return tuple(
+        u.name
+        for u in facts.tool.units
+        if pattern.fullmatch(u.name) or u.labels.get(LABEL_MODEL, "").casefold() == key
     )
 
 

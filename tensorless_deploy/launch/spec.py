@@ -25,7 +25,7 @@ from tensorless_deploy.facts.values import (
     LABEL_RECIPE_DIGEST,
     LABEL_TUNED,
 )
-from tensorless_deploy.recipe.catalog import recipe_digest
+from tensorless_deploy.recipe.catalog import UNIT_PREFIX, recipe_digest, slug, unit_name
 from tensorless_deploy.recipe.schema import Recipe
 
 MODEL_MOUNT_DIR = "/models"
@@ -64,20 +64,6 @@ TLS_KEY_NAME = "tls.key"
 LABEL_AUTH = f"{LABEL_PREFIX}.auth"  # "api-key": callers need the key; "none"
 LABEL_TLS = f"{LABEL_PREFIX}.tls"  # "true": https
 LABEL_METRICS = f"{LABEL_PREFIX}.metrics"  # "true": /metrics (with the key where one is set)
-
-
-UNIT_PREFIX = "tensorless-"
-
-
-def slug(text: str) -> str:
-    """A name part of a unit: lowercase letters and digits, runs of anything else one dash."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def unit_name(recipe: Recipe) -> str:
-    """The systemd service and container name: tensorless-<short name or repo>-<card>."""
-    stem = recipe.model.name or recipe.model.hf_repo
-    return UNIT_PREFIX + slug(f"{stem}-{recipe.card.id}")
 
 
 def unit_model_slug(name: str, card: str) -> str | None:

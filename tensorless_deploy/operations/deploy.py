@@ -22,6 +22,7 @@ from tensorless_deploy.decisions.options import DATA_KEYS, Flags, resolve
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.pyinfra import HostSurvey
 from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.gguf.sizing import read_sizings
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host, secret_sources
 from tensorless_deploy.launch.spec import secrets_dir
 from tensorless_deploy.operations.image import image
@@ -101,6 +102,7 @@ def serve_plan(
             path=path,
             content=inst.unit.content,
             quadlet_bin=plan.quadlet_bin,
+            model=plan.model,
         )
         metas[_step("unit", inst.ordinal, count)] = written
         changes.append(written)
@@ -191,10 +193,15 @@ def serve(
             models_dir=models_dir,
             engine=engine,
             allow_draft=allow_draft,
+            # an error names serve()'s own argument, not a command-line flag
+            flag_names={n: f"serve({n}=...)" for n in ("port", "bind", "context", "engine")}
+            | {"models_dir": "serve(models_dir=...)"},
+            offered=frozenset(("port", "bind", "context", "models_dir", "engine")),
         )
         options = resolve(flags, _host_data(), host.name)
         facts: HostFacts = host.get_fact(HostSurvey, models_dir=options.models_dir)
-        plan = plan_host(host.name, facts, entries, options)
+        sizing = read_sizings([(e.path, e.recipe) for e in entries])
+        plan = plan_host(host.name, facts, entries, options, sizing=sizing)
     except TensorlessError as exc:
         raise OperationError(f"{host.name}: {exc.lines()[0]}") from None
     if not plan.ok:

@@ -27,7 +27,9 @@ def service_name(path: str) -> str:
 
 
 @operation(is_idempotent=True)
-def unit(path: str, content: str, quadlet_bin: str | None = None) -> Commands:
+def unit(
+    path: str, content: str, quadlet_bin: str | None = None, model: str | None = None
+) -> Commands:
     """
     Write a systemd unit file (a quadlet ``.container`` or a plain ``.service``) when it changed.
 
@@ -38,6 +40,8 @@ def unit(path: str, content: str, quadlet_bin: str | None = None) -> Commands:
     + path: ``/etc/containers/systemd/NAME.container`` or ``/etc/systemd/system/NAME.service``
     + content: the whole file
     + quadlet_bin: the quadlet generator on the host; a quadlet it refuses is never installed
+    + model: the model the unit serves (its ``io.tensorless.model`` label); a file there that
+      serves another model is never replaced
 
     **Example:**
 
@@ -62,7 +66,8 @@ def unit(path: str, content: str, quadlet_bin: str | None = None) -> Commands:
     yield FileUploadCommand(StringIO(content), new)
     if _kind(path) == "quadlet" and quadlet_bin:
         yield script("unit-check-quadlet", new=new, name=name, quadlet=quadlet_bin)
-    yield script("unit-install", path=path, new=new, sha=want)
+    owner = {"model": model} if model else {}
+    yield script("unit-install", path=path, new=new, sha=want, **owner)
 
 
 @operation()

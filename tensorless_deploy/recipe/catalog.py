@@ -215,6 +215,11 @@ def _problem(err: Any) -> tuple[str, str]:
 
 def parse_recipe(text: str, rel: str) -> tuple[Recipe | None, list[str]]:
     """Parse one recipe's TOML text; every problem as 'rel: key: message'."""
+    if text.startswith("\ufeff"):  # TOML has no byte-order mark; tomllib only says line 1
+        return None, [
+            f"{rel}: starts with a UTF-8 byte-order mark (BOM), which TOML does not allow: "
+            "save the file as UTF-8 without BOM"
+        ]
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -257,6 +262,49 @@ def _path_problems(rel: str, recipe: Recipe) -> list[str]:
     return problems
 
 
+UNIT_PREFIX = "tensorless-"
+
+
+def slug(text: str) -> str:
+    """A name part of a unit: lowercase letters and digits, runs of anything else one dash."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def unit_name(recipe: Recipe) -> str:
+    """The systemd service and container name: tensorless-<short name or repo>-<card>; its
+    instances beyond the first add -1, -2, ... (hostplan.plan.instance_name)."""
+    stem = recipe.model.name or recipe.model.hf_repo
+    return UNIT_PREFIX + slug(f"{stem}-{recipe.card.id}")
+
+
+_INSTANCE = re.compile(r"(.+)-([0-9]+)")
+
+
+def _unit_problems(entries: list[Entry]) -> list[str]:
+    """Two recipes whose units would have one name (the slug folds case, dots, slashes and
+    dashes together, and instances add -N) would replace each other's unit on a host."""
+    problems: list[str] = []
+    owners: dict[str, Entry] = {}
+    fix = "give one of them a model.name of its own (units are named after it)"
+    for e in entries:
+        name = unit_name(e.recipe)
+        owner = owners.setdefault(name, e)
+        if owner is not e:
+            problems.append(
+                f"{e.path}: its unit name {name} is also the unit name of {owner.path}: "
+                f"deploying one would replace the other's unit; {fix}"
+            )
+    for name, e in owners.items():
+        m = _INSTANCE.fullmatch(name)
+        base = owners.get(m.group(1)) if m else None
+        if base is not None and m is not None:
+            problems.append(
+                f"{e.path}: its unit name {name} is the name of instance {m.group(2)} of "
+                f"{base.path} ({m.group(1)}); {fix}"
+            )
+    return problems
+
+
 def _cross_problems(entries: list[Entry]) -> list[str]:
     problems: list[str] = []
     spelled: dict[str, Entry] = {}
@@ -294,6 +342,8 @@ def _cross_problems(entries: list[Entry]) -> list[str]:
                 f"{e.path}: model.name: the cards of {e.recipe.model.hf_repo} must share one "
                 f"short name (found {shown})"
             )
+    if not problems:  # a clash of names above is the cause of any unit-name clash too
+        problems.extend(_unit_problems(entries))
     return problems
 
 

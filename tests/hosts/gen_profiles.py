@@ -302,6 +302,14 @@ def lib_placeholder(lib: str) -> str:
     )
 
 
+def apps_tsv(apps: list[tuple[str, int, int, str]]) -> str:
+    """The stand-in's compute processes (gpu_uuid, pid, used_memory in MiB, process_name), as
+    `nvidia-smi --query-compute-apps` lists them."""
+    rows = ["gpu_uuid\tpid\tused_memory\tprocess_name"]
+    rows += [f"{u}\t{pid}\t{mib}\t{name}" for u, pid, mib, name in apps]
+    return "\n".join(rows) + "\n"
+
+
 def build(fixtures: Path) -> dict[str, dict[str, Any]]:
     """profile name -> {"meta": {...}, "files": {relpath: text}}"""
     h200_fx = fixtures / "h200-driver-580"
@@ -415,7 +423,11 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
                 d535,
                 cdi_specs=["/etc/cdi/nvidia.yaml"],
             ),
-            "files": smi(mixed, d535, plain_535(mixed, d535)) | toolkit(mixed, d535) | libs(d535),
+            "files": smi(mixed, d535, plain_535(mixed, d535))
+            | toolkit(mixed, d535)
+            | libs(d535)
+            # what fills the second P100: a compute process that is none of this tool's
+            | {f"{STANDIN}/smi/apps.tsv": apps_tsv([(P100_UUIDS[1], 4242, 15874, "python3")])},
         },
         "old-driver": {
             "meta": meta(
