@@ -161,7 +161,8 @@ def disk_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
             f"p={quoted}; printf '%s\\n' \"$p\"; "
             # the nearest existing parent, by the shell alone (a host without dirname would
             # loop here forever): a/b/c -> a/b -> a -> /
-            'while [ ! -e "$p" ]; do q=${p%/*}; [ "$q" != "$p" ] && [ -n "$q" ] || q=/; p=$q; done; '
+            'while [ ! -e "$p" ]; do q=${p%/*}; '
+            '[ "$q" != "$p" ] && [ -n "$q" ] || q=/; p=$q; done; '
             'printf \'%s\\n\' "$p"; df -Pk "$p"',
         ),
     )
