@@ -180,7 +180,7 @@ def _inventory_targets(
     from tensorless_deploy.decisions.options import DEFAULT_BIND, Flags, address, reach_host
     from tensorless_deploy.facts.pyinfra import DeployedUnits
     from tensorless_deploy.facts.values import LABEL_BIND, LABEL_PORT, LABEL_TUNED
-    from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
+    from tensorless_deploy.fleet.connect import disconnect, loopback, new_state, on_each_host
     from tensorless_deploy.fleet.inventory import load_inventory, options_for, select_hosts
     from tensorless_deploy.fleet.status import model_units
     from tensorless_deploy.launch.spec import LABEL_TLS
@@ -217,13 +217,8 @@ def _inventory_targets(
             # https inside the SSH channel: the host key vouches for the other end, and the
             # certificate names the host, not its loopback
             tls = tls_context(verify=False) if labels.get(LABEL_TLS) == "true" else None
-            transport = host.connector.client.get_transport()
-
-            def channel(t: Any = transport, b: str = bind, p: int = port) -> Any:
-                return t.open_channel("direct-tcpip", (b, p), ("127.0.0.1", 0), timeout=10)
-
             where = f"{host.name} {unit.name} ({address(bind, port)} over ssh)"
-            targets.append((where, over_channel(channel, tls), tuned, key))
+            targets.append((where, over_channel(loopback(host, bind, port), tls), tuned, key))
     return targets
 
 

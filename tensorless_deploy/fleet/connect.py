@@ -144,3 +144,51 @@ def host_fact(state: Any, host: Any, fact: Any, **kwargs: Any) -> Any:
 
     with ctx_state.use(state), ctx_host.use(host):
         return host.get_fact(fact, **kwargs)
+
+
+def executor_arguments(state: Any, host: Any) -> dict[str, Any]:
+    """How pyinfra runs a command on this host (sudo, su, its shell: from the host's inventory
+    data), for a command the tool runs itself outside an operation."""
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+
+    arguments, _ = pop_global_arguments(state, host, {})
+    return {
+        k: v
+        for k, v in arguments.items()
+        if k in CONNECTOR_ARGUMENT_KEYS
+        and k not in ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
+    }
+
+
+def run_script(
+    state: Any, host: Any, package: str, script: str, timeout: float, /, **params: str | int
+) -> tuple[bool, list[str], list[str]]:
+    """``<package>/scripts/<name>.sh`` with its parameters bound, run on one connected host as
+    pyinfra runs its commands there: (exit status 0, stdout lines, stderr lines)."""
+    import shlex
+
+    from pyinfra.api.command import StringCommand
+    from pyinfra.api.exceptions import PyinfraError
+
+    from tensorless_deploy import shell
+
+    text = shell.bind(shell.load(package, script), **params)
+    command = StringCommand("sh -c " + shlex.quote(text))
+    try:
+        ok, output = host.run_shell_command(
+            command, _timeout=timeout, **executor_arguments(state, host)
+        )
+    except (PyinfraError, OSError) as exc:  # a timeout, a connection gone
+        return False, [], [f"{script}: {exc}"]
+    return bool(ok), list(output.stdout_lines), list(output.stderr_lines)
+
+
+def loopback(host: Any, bind: str, port: int) -> Callable[[], Any]:
+    """Opens an SSH direct-tcpip channel to bind:port as the connected host itself sees it
+    (its own loopback): an API that never listens beyond 127.0.0.1, reached from here."""
+    transport = host.connector.client.get_transport()
+
+    def channel() -> Any:
+        return transport.open_channel("direct-tcpip", (bind, port), ("127.0.0.1", 0), timeout=10)
+
+    return channel

@@ -115,20 +115,14 @@ class Receiver:
 def receive_command(state: Any, host: Any, partial: str, size: int) -> str:
     """The host side of one send (model-receive.sh bound), wrapped as pyinfra wraps every
     command for this host (sudo and su from its inventory data)."""
-    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
     from pyinfra.api.command import StringCommand
     from pyinfra.connectors.util import make_unix_command_for_host
 
+    from tensorless_deploy.fleet.connect import executor_arguments
     from tensorless_deploy.operations._run import script
 
     cmd = script("model-receive", partial=partial, size=size)
-    arguments, _ = pop_global_arguments(state, host, {})
-    executor = {
-        k: v
-        for k, v in arguments.items()
-        if k in CONNECTOR_ARGUMENT_KEYS
-        and k not in ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
-    }
+    executor = executor_arguments(state, host)
     wrapped: StringCommand = make_unix_command_for_host(state, host, cmd, **executor)
     return str(wrapped.get_raw_value())
 
