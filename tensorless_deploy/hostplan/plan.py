@@ -283,13 +283,16 @@ def plan_host(
     sizing: Sizings | None,
     units: bool = True,
     secrets_root: str = SECRETS_DIR,
+    name: str | None = None,
 ) -> HostPlan:
     """The host plan for one model (all its recipes, catalog order). sizing: each recipe's
     memory sizing (gguf.sizing.read_sizings, from the GGUF headers): every matching card is
     judged against it and only cards that hold the model get an instance; None: memory is not
     judged (status and prepare compare or prepare, they place nothing). units: render the unit
     files (deploy, serve, doctor); a foreground run needs none. secrets_root: where the
-    operator's key and TLS files are installed for the container (a run: this machine's own)."""
+    operator's key and TLS files are installed for the container (a run: this machine's own).
+    name: the instances' name instead of the recipe's unit name (gate run's scratch instance,
+    which must never be taken for the serving unit)."""
     model = entries[0].recipe.model.hf_repo if entries else None
     entry = select(entries, facts)
     if entry is None:
@@ -301,7 +304,7 @@ def plan_host(
     usable = match_gpus(recipe, facts.gpus.gpus).usable if facts.gpus.state == "ok" else ()
     picked = pick_engine(facts, options.engine) if facts.engines is not None else None
     engine: EngineName = picked or ("docker" if options.engine == "docker" else "podman")
-    base = unit_name(recipe)
+    base = name or unit_name(recipe)
     fits: tuple[CardFit, ...] = ()
     if sizing is not None and usable:
         sized = sizing.get(entry.path) or SizingProblem("pending", "GGUF header not read")

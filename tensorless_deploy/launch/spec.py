@@ -66,6 +66,18 @@ LABEL_TLS = f"{LABEL_PREFIX}.tls"  # "true": https
 LABEL_METRICS = f"{LABEL_PREFIX}.metrics"  # "true": /metrics (with the key where one is set)
 
 
+# The release gate's scratch instances (gate run): a transient unit and container of their own
+# name, never a serving unit's (those never end in a -gate-TAG part, nor start tensorless-gate-).
+SCRATCH_PREFIX = UNIT_PREFIX + "gate-"
+
+
+def scratch_name(recipe: Recipe, tag: str) -> str:
+    """The transient unit and container of one gate run: tensorless-gate-<model>-<card>-<tag>."""
+    return SCRATCH_PREFIX + slug(
+        f"{recipe.model.name or recipe.model.hf_repo}-{recipe.card.id}-{tag}"
+    )
+
+
 def unit_model_slug(name: str, card: str) -> str | None:
     """The model part of a unit's name (its short name or repo id, slugged), given its card
     label; None when the name is not one unit_name makes (instances add -1, -2...)."""
