@@ -54,7 +54,7 @@ import re
 import shlex
 import subprocess
 import textwrap
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -359,11 +359,34 @@ def doc_env(extra: Mapping[str, str] = {}) -> dict[str, str]:
 # --------------------------------------------------------------------------- flags
 
 
-def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+def _children(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
     return {}
+
+
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every command by name; the commands of a group (``gate check``) by both words, beside
+    the group itself."""
+    out: dict[str, argparse.ArgumentParser] = {}
+    for name, p in _children(parser).items():
+        out[name] = p
+        for sub, q in _children(p).items():
+            out[f"{name} {sub}"] = q
+    return out
+
+
+def groups(parser: argparse.ArgumentParser) -> set[str]:
+    """The commands that only hold commands of their own (``gate``)."""
+    return {name for name, p in _children(parser).items() if _children(p)}
+
+
+def command_of(words: Sequence[str], commands: Collection[str]) -> str | None:
+    """The command the first word names, with a group's second word (``gate check``)."""
+    if len(words) >= 2 and f"{words[0]} {words[1]}" in commands:
+        return f"{words[0]} {words[1]}"
+    return words[0] if words else None
 
 
 def options(p: argparse.ArgumentParser) -> set[str]:
@@ -382,9 +405,12 @@ class FlagUse:
     text: str
 
 
-def words_flags(words: Sequence[str]) -> tuple[str | None, list[str]]:
+def words_flags(
+    words: Sequence[str], commands: Collection[str] = ()
+) -> tuple[str | None, list[str]]:
     """The command and the flags of ``tensorless-deploy WORDS`` (shell words; stops at a bare
-    ``--``, after which the words are llama-server's)."""
+    ``--``, after which the words are llama-server's). A group's command takes its second word
+    (``gate check``) when ``commands`` names it."""
     command: str | None = None
     flags: list[str] = []
     for w in words:
@@ -394,6 +420,8 @@ def words_flags(words: Sequence[str]) -> tuple[str | None, list[str]]:
             flags.append(w.split("=", 1)[0])
         elif command is None and not w.startswith("$"):
             command = w
+        elif command is not None and " " not in command and f"{command} {w}" in commands:
+            command = f"{command} {w}"
     return command, flags
 
 
@@ -443,7 +471,7 @@ def flag_uses(page: Path, commands: set[str]) -> list[FlagUse]:
                         FlagUse(f"{name}:{c.line}", cmd, tuple(text_flags(" ".join(words))), c.text)
                     )
                 else:
-                    cmd, flags = words_flags(words)
+                    cmd, flags = words_flags(words, commands)
                     uses.append(FlagUse(f"{name}:{c.line}", cmd, tuple(flags), c.text))
     lines = page.read_text(encoding="utf-8").splitlines()
     in_fence = False
@@ -457,7 +485,7 @@ def flag_uses(page: Path, commands: set[str]) -> list[FlagUse]:
         if ln.lstrip().startswith("|") and spans:
             first = ln.strip().strip("|").split("|")[0]
             head = CODE.findall(first)
-            cmd = head[0].split()[0] if head else None
+            cmd = command_of(head[0].split(), commands) if head else None
             if cmd in commands:
                 flags = [f for s in spans for f in text_flags(s)]
                 uses.append(FlagUse(f"{name}:{i}", cmd, tuple(flags), ln.strip()))
@@ -472,8 +500,9 @@ def flag_uses(page: Path, commands: set[str]) -> list[FlagUse]:
                     words = words[1:]
                 if not words:
                     continue
-            if words[0] in commands and len(words) > 1:
-                uses.append(FlagUse(f"{name}:{i}", words[0], tuple(text_flags(s)), s))
+            cmd = command_of(words, commands)
+            if cmd in commands and len(words) > len(cmd.split()):
+                uses.append(FlagUse(f"{name}:{i}", cmd, tuple(text_flags(s)), s))
     return uses
 
 
@@ -528,7 +557,7 @@ def synopsis_problems(page: Path, parser: argparse.ArgumentParser) -> list[str]:
 
 # Where a page's prose speaks of one command: the page itself, or its sections.
 PAGE_COMMANDS = {"docs/doctor.md": "doctor", "docs/plan.md": "plan", "docs/prepare.md": "prepare"}
-SECTION = re.compile(r"^#{2,}\s+`?([a-z]+)`?[\s:]")
+SECTION = re.compile(r"^#{2,}\s+`?([a-z]+(?: [a-z]+)?)`?[\s:]")
 EXIT_CLAUSE = re.compile(
     r"(?i)(?<![\w.])exit(?:s)?(?: codes?| status(?:es)?)?\b(.*?)(?:\.(?:\s|$)|$)"
 )
@@ -572,13 +601,14 @@ def exit_claims(page: Path, commands: set[str]) -> list[ExitClaim]:
         m = SECTION.match(ln)
         if m:
             flush(section)
-            section = m.group(1) if m.group(1) in commands else PAGE_COMMANDS.get(name)
+            said = m.group(1) if m.group(1) in commands else m.group(1).split()[0]
+            section = said if said in commands else PAGE_COMMANDS.get(name)
             continue
         if ln.lstrip().startswith("|"):
             flush(section)
             cells = ln.strip().strip("|").split("|")
             head = CODE.findall(cells[0]) if cells else []
-            cmd = head[0].split()[0] if head else None
+            cmd = command_of(head[0].split(), commands) if head else None
             if cmd in commands:
                 para.append((i, " ".join(cells[1:])))
                 flush(cmd)

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tensorless_deploy import __version__
 from tensorless_deploy.cli.output import emit_json, terminal_guard
@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "status",
     "bench",
     "export",
+    "gate",
 )
 # Which module registers each command: a run of one command imports and builds only that
 # module's parsers (start-up time); --help, no command or an unknown one build them all.
@@ -52,6 +53,7 @@ COMMANDS = {
     "targets": "status",
     "bench": "bench",
     "export": "export",
+    "gate": "gate",
 }
 
 
@@ -67,6 +69,14 @@ def _common(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument(
         "-v", "--verbose", action="count", default=default(0), help="say more (repeat for more)"
     )
+
+
+def subcommand(group: Any, name: str, help_: str, handler: Handler) -> argparse.ArgumentParser:
+    """One command of a group (``gate check``): the shared flags, and its own handler."""
+    p: argparse.ArgumentParser = group.add_parser(name, help=help_, description=help_)
+    _common(p, top=False)
+    p.set_defaults(handler=handler)
+    return p
 
 
 class ToolParser(argparse.ArgumentParser):
@@ -100,10 +110,7 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, help_: str, handler: Handler) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_, description=help_)
-        _common(p, top=False)
-        p.set_defaults(handler=handler)
-        return p
+        return subcommand(sub, name, help_, handler)
 
     only = command_module(words) if words is not None else None
     for module in (only,) if only else COMMAND_MODULES:
