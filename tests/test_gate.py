@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tensorless_deploy.decisions.options import Options
-from tensorless_deploy.facts.values import DeployedUnit, HostFacts, Listener
+from tensorless_deploy.facts.values import DeployedUnit, GpuApp, HostFacts, Listener
 from tensorless_deploy.hostplan.gate import SCRATCH_PORTS, scratch_plan
 from tensorless_deploy.launch.render import render_quadlet
 from tensorless_deploy.launch.spec import SCRATCH_PREFIX, build_launch_spec, scratch_name
@@ -455,7 +455,7 @@ def test_the_scratch_instance_takes_an_idle_card_and_a_free_port() -> None:
     entry = _tiny_entry()
     name = scratch_name(entry.recipe, "abc123")
     assert name == SCRATCH_PREFIX + "pn3-p100-abc123"
-    sp = scratch_plan("h", facts, entry, Options(), (), name)
+    sp = scratch_plan("h", facts, entry, Options(), (), name, None)
     assert sp.ok and sp.gpu is not None and sp.gpu.index == 0, sp.why()
     spec = sp.instance.spec
     assert spec.name == name and spec.port == SCRATCH_PORTS.start and spec.bind == "127.0.0.1"
@@ -464,17 +464,24 @@ def test_the_scratch_instance_takes_an_idle_card_and_a_free_port() -> None:
     held = facts.model_copy(
         update={"listeners": (*(facts.listeners or ()), Listener(address="*", port=18080))}
     )
-    sp = scratch_plan("h", held, entry, Options(), [_unit_on(facts, 2, 18081)], name)
+    sp = scratch_plan("h", held, entry, Options(), [_unit_on(facts, 2, 18081)], name, None)
     assert sp.instance.spec.port == 18082
     # GPU 0 serving, GPU 1 in use by something else: refused, never shared
-    sp = scratch_plan("h", facts, entry, Options(), [_unit_on(facts, 0, 8080)], name)
+    sp = scratch_plan("h", facts, entry, Options(), [_unit_on(facts, 0, 8080)], name, None)
     assert not sp.ok and sp.refusal == (
         "every p100 card here is busy (GPU 0 serves tensorless-pn3-p100; GPU 1 has 15876 MiB "
         "in use): gate run measures on an idle card and never shares a serving one (stop the "
         "unit, or pick another host with --limit)"
     )
+    # a compute process of something else on GPU 0 (nvidia-smi --query-compute-apps)
+    other = GpuApp(gpu_uuid=facts.gpus.gpus[0].uuid or "", pid=4242, used_mib=300)
+    sp = scratch_plan("h", facts.model_copy(update={"gpu_apps": (other,)}), entry, Options(), (),
+                      name, None)  # fmt: skip
+    assert sp.refusal is not None and sp.refusal.startswith(
+        "every p100 card here is busy (GPU 0 runs pid 4242; GPU 1 has 15876 MiB in use)"
+    )
     unknown = facts.model_copy(update={"listeners": None})
-    sp = scratch_plan("h", unknown, entry, Options(), (), name)
+    sp = scratch_plan("h", unknown, entry, Options(), (), name, None)
     assert sp.refusal == (
         "no port for the scratch instance: the survey could not list the listening ports"
     )

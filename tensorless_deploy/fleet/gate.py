@@ -33,7 +33,7 @@ from tensorless_deploy.fleet.connect import (
     new_state,
     on_each_host,
     run_script,
-    survey_hosts,
+    survey_and_size,
 )
 from tensorless_deploy.hostplan.gate import ScratchPlan, scratch_plan
 from tensorless_deploy.launch.container import run_argv
@@ -198,7 +198,7 @@ def _choose(
     reason, one line each."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits
 
-    surveyed = survey_hosts(state, hosts, flags, keep_connected=True)
+    surveyed, sizing = survey_and_size(state, hosts, flags, [request.entry], keep_connected=True)
     by_name = {h.name: h for h in hosts}
     live = [by_name[s.name] for s in surveyed if s.facts is not None]
     found = dict(
@@ -217,7 +217,7 @@ def _choose(
         if isinstance(units, str):
             reasons.append(f"{s.name}: {units}")
             continue
-        sp = scratch_plan(s.name, s.facts, request.entry, s.options, units, name)
+        sp = scratch_plan(s.name, s.facts, request.entry, s.options, units, name, sizing)
         if sp.ok:
             return by_name[s.name], s, sp
         reasons.append(f"{s.name}: {sp.why()}")

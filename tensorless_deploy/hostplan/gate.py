@@ -3,8 +3,9 @@ recipe's, a port no listener and no unit of this tool holds, and the launch spec
 would build for that card (hostplan.plan.plan_host), under a name of its own.
 
 Idle: no unit of this tool runs on the card (its unit names the card's CDI device or docker
---gpus id) and nvidia-smi shows no more than IDLE_MEMORY_MIB in use there. A card that serves
-is never shared: the numbers would not be the card's, and the serving instance would feel it.
+--gpus id), nvidia-smi lists no compute process on it, and shows no more than IDLE_MEMORY_MIB in
+use there. A card that serves is never shared: the numbers would not be the card's, and the
+serving instance would feel it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from tensorless_deploy.decisions.checks import describe_gpu, match_gpus
 from tensorless_deploy.decisions.options import DEFAULT_BIND, Options
 from tensorless_deploy.facts.values import LABEL_PORT, DeployedUnit, Gpu, HostFacts
+from tensorless_deploy.gguf.sizing import Sizings
 from tensorless_deploy.hostplan.plan import HostPlan, Instance, plan_host
 from tensorless_deploy.launch.read import read_unit
 from tensorless_deploy.recipe.catalog import Entry
@@ -95,8 +97,12 @@ def idle_card(facts: HostFacts, entry: Entry, units: Sequence[DeployedUnit]) -> 
     serving = unit_cards(units)
     busy = []
     for g in sorted(usable, key=lambda g: g.index):
+        apps = [a for a in facts.gpu_apps or () if a.gpu_uuid == g.uuid]
         if g.uuid is not None and g.uuid in serving:
             busy.append(f"GPU {g.index} serves {serving[g.uuid]}")
+        elif apps:
+            held = ", ".join(a.container or f"pid {a.pid}" for a in apps)
+            busy.append(f"GPU {g.index} runs {held}")
         elif g.memory_used_mib is not None and g.memory_used_mib > IDLE_MEMORY_MIB:
             busy.append(f"GPU {g.index} has {g.memory_used_mib} MiB in use")
         else:
@@ -115,11 +121,13 @@ def scratch_plan(
     options: Options,
     units: Sequence[DeployedUnit],
     name: str,
+    sizing: Sizings | None,
 ) -> ScratchPlan:
     """The scratch instance for ``entry`` on this host: the host plan of one instance on an
     idle card, at a free port on 127.0.0.1, named ``name``, without a key, TLS or /metrics
     (none changes what is measured, and the instance is reached through SSH only); the
-    operator's extra args and a draft recipe as given."""
+    operator's extra args and a draft recipe as given. sizing: the recipe's memory sizing, as
+    deploy judges the card by it (None: memory not judged)."""
     card = idle_card(facts, entry, units)
     if isinstance(card, str):
         return ScratchPlan(host, refusal=card)
@@ -144,5 +152,5 @@ def scratch_plan(
         metrics=False,
         allow_draft=True,
     )
-    plan = plan_host(host, facts, [entry], scratch, units=False, name=name)
+    plan = plan_host(host, facts, [entry], scratch, sizing=sizing, units=False, name=name)
     return ScratchPlan(host, plan, card)
