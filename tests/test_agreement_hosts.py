@@ -116,11 +116,9 @@ def test_four_commands_agree_on_every_profile(
             rows = p_rows[name]
             placed = sorted(r["gpu"]["uuid"] for r in rows if r["ok"])
             if d["ok"]:
-                # plan sizes the same cards; it may refuse one for memory doctor does not size
-                assert sorted(r["gpu"]["uuid"] for r in rows) == sorted(cards), why
-                assert {r["recipe"] for r in rows} == {d["recipe"]}, why
-                for r in rows:
-                    assert r["ok"] or "usable" in r["error"], why
+                # one memory verdict: plan places exactly the cards doctor counts
+                assert placed == sorted(cards), why
+                assert {r["recipe"] for r in rows if r["ok"]} == {d["recipe"]}, why
             else:
                 assert placed == [], why
             # run --dry-run on this machine, same recording: the same recipe, cards, address

@@ -167,10 +167,13 @@ def test_fleet_report_changes_nothing_and_finds_port_and_servable(
     match = checks(report, "gpu2")["card.match"]
     assert "compute 9.0" in match["evidence"] and "143771 MiB" in match["evidence"], match
     assert "NVIDIA H200" in match["evidence"] and "doctor (no MODEL)" in match["fix"]
-    # legacy1 (mixed): exactly the two P100s; the T4 is named as left out
+    # legacy1 (mixed): the P100 that is free; the busy one and the T4 are named as left out
     assert hosts["legacy1"]["ok"] is True, out
     r3 = result(report, "legacy1")
-    assert r3["gpu_uuids"] == [P100_A, P100_B]
+    assert r3["gpu_uuids"] == [P100_A] and P100_B not in r3["gpu_uuids"]
+    fit = checks(report, "legacy1")["memory.fit"]
+    assert fit["status"] == "warn" and "GPU 1 (Tesla P100-PCIE-16GB)" in fit["evidence"], fit
+    assert "free the card" in fit["fix"]
     isolation = checks(report, "legacy1")["card.isolation"]
     assert isolation["status"] == "ok" and "Tesla T4" in isolation["evidence"]
     assert T4 not in r3["gpu_uuids"] and "compute 7.5" in isolation["evidence"]
