@@ -8,6 +8,7 @@ temporary folder that the survey is pointed at.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -123,6 +124,102 @@ def test_survey_keeps_nvidia_smi_exit_9_as_a_state(stand_ins: Path, tmp_path: Pa
     assert "couldn't communicate with the NVIDIA driver" in facts.gpus.message
 
 
+def _hung_smi(bin_dir: Path, *, ignore_term: bool = False) -> None:
+    """nvidia-smi on a wedged NVML: it never answers (the stand-in sleeps)."""
+    trap = "trap '' TERM\n" if ignore_term else ""
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\n{trap}sleep 300\n")
+    script.chmod(0o755)
+
+
+def _end_left_behind(bin_dir: Path) -> None:
+    """End what this test left running: the processes whose PATH holds its own stand-in folder
+    (a tmp folder of this test alone), each by its pid."""
+    import signal
+
+    mine = f"PATH={bin_dir}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(var.startswith(mine) for var in environ):
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def _survey_seconds(path: str, tmp_path: Path) -> tuple[HostFacts, float]:
+    import time
+
+    start = time.monotonic()
+    facts = _run_survey(path, str(tmp_path / "models"), [str(tmp_path)])
+    return facts, time.monotonic() - start
+
+
+def test_a_hung_nvidia_smi_is_a_state_and_the_survey_goes_on(
+    stand_ins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """coreutils timeout ends the hung probe at the bound (exit 124); every other section
+    answers as usual."""
+    from tensorless_deploy.facts import survey
+
+    if not shutil.which("timeout", path=SYSTEM_PATH):
+        pytest.skip("no coreutils timeout here")
+    monkeypatch.setattr(survey, "PROBE_TIMEOUT_S", 2)
+    _hung_smi(stand_ins)
+    facts, seconds = _survey_seconds(f"{stand_ins}:{SYSTEM_PATH}", tmp_path)
+    assert facts.gpus.state == "hung" and facts.gpus.exit_code == 124
+    assert 2 <= seconds < 10, seconds
+    assert facts.toolkit is not None and facts.toolkit.version == (1, 17, 8)
+    assert facts.cpus == len(os.sched_getaffinity(0)) and facts.disk is not None
+
+
+def test_a_probe_that_cannot_be_killed_is_left_behind(
+    stand_ins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe no signal ends (nvidia-smi in uninterruptible sleep: SIGKILL waits for the
+    driver): here a `timeout` that cannot end its child, and a child that ignores SIGTERM. The
+    survey stops waiting 5 s after the bound, reads it as timed out, and goes on."""
+    from tensorless_deploy.facts import survey
+
+    monkeypatch.setattr(survey, "PROBE_TIMEOUT_S", 1)
+    _hung_smi(stand_ins, ignore_term=True)
+    powerless = stand_ins / "timeout"
+    powerless.write_text('#!/bin/sh\nshift 3\nexec "$@"\n')  # timeout -k 2 N CMD...: no bound
+    powerless.chmod(0o755)
+    try:
+        facts, seconds = _survey_seconds(f"{stand_ins}:{SYSTEM_PATH}", tmp_path)
+    finally:
+        _end_left_behind(stand_ins)
+    assert facts.gpus.state == "hung" and facts.gpus.exit_code == 124
+    assert 6 <= seconds < 15, seconds
+    assert facts.toolkit is not None and facts.toolkit.version == (1, 17, 8)
+
+
+def test_without_timeout_the_watchdog_alone_bounds_a_probe(
+    stand_ins: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host without coreutils timeout: the survey's own watchdog bounds the probe."""
+    from tensorless_deploy.facts import survey
+
+    monkeypatch.setattr(survey, "PROBE_TIMEOUT_S", 1)
+    _hung_smi(stand_ins)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("sh", "sleep", "cat", "mktemp", "rm", "mv", "kill", "ls", "grep", "df", "nproc"):
+        found = shutil.which(tool, path=SYSTEM_PATH)
+        if found:
+            (bare / tool).symlink_to(found)
+    try:
+        facts, seconds = _survey_seconds(f"{stand_ins}:{bare}", tmp_path)
+    finally:
+        _end_left_behind(stand_ins)
+    assert facts.gpus.state == "hung" and facts.gpus.exit_code == 124
+    assert 1 <= seconds < 8, seconds
+
+
 def test_survey_without_nvidia_tools(tmp_path: Path) -> None:
     if shutil.which("nvidia-smi", path=SYSTEM_PATH) or shutil.which("nvidia-ctk", path=SYSTEM_PATH):
         pytest.skip("this machine has NVIDIA tools in its system PATH")
@@ -218,3 +315,13 @@ def test_port_verdict_matches_the_kernel(listeners: list[socket.socket]) -> None
         for bind in ("127.0.0.1", "0.0.0.0", "::1", "::", "*"):
             predicted = bool(blocking_listeners(parsed, port, bind))
             assert predicted == _bind_fails(bind, port), (port, bind, done.stdout)
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_host_scripts_are_shellcheck_clean() -> None:
+    """Every program that runs on hosts (tensorless_deploy/*/scripts/*.sh) is POSIX sh that
+    shellcheck accepts."""
+    root = Path(__file__).parent.parent / "tensorless_deploy"
+    scripts = sorted(root.glob("*/scripts/*.sh"))
+    assert scripts
+    subprocess.run(["shellcheck", "-s", "sh", *map(str, scripts)], check=True)

@@ -14,7 +14,8 @@ A scenario is::
 
 The command is pinned by its text, or for a survey fact by the names of the sections its script
 prints (in order), or for a script fact by its ``facts/scripts/NAME.sh`` (bound to the args,
-where there are any). Empty output reads as
+where there are any); a fact whose command runs under the survey's time bound is pinned by the
+command inside ``bounded_command``. Empty output reads as
 the fact's ``default()``, as pyinfra's fact gathering does. Outputs are captured from the test
 hosts with ``tests/pyinfra_facts/capture.py`` (REAL in the description) except where a scenario
 is about malformed output (MALFORMED, written by hand).
@@ -34,7 +35,7 @@ from pyinfra.api.facts import FactBase
 
 from tensorless_deploy import shell
 from tensorless_deploy.facts import pyinfra as facts
-from tensorless_deploy.facts.survey import SECTION_MARKER
+from tensorless_deploy.facts.survey import SECTION_MARKER, bound_preamble, bounded_command
 
 SCENARIOS = Path(__file__).parent / "pyinfra_facts"
 KEYS = {"description", "args", "command", "sections", "script", "output", "fact", "error"}
@@ -81,14 +82,19 @@ def test_fact(path: Path) -> None:
     assert ("fact" in case) != ("error" in case), f"{path}: give fact or error"
     fact = getattr(facts, path.parent.name)()
     command = str(fact.command(**case.get("args", {})))
+    bounded = command.startswith(bound_preamble()) and SECTION_MARKER not in command
+
+    def pinned(text: str) -> str:
+        return bounded_command(text) if bounded else text
+
     if "command" in case:
-        assert command == case["command"]
+        assert command == pinned(case["command"])
     elif "sections" in case:
         assert sections_of(command) == case["sections"]
     else:
         script = shell.load("tensorless_deploy.facts", case["script"])
         args = case.get("args", {})
-        assert command == (shell.bind(script, **args) if args else script)
+        assert command == pinned(shell.bind(script, **args) if args else script)
     lines: list[str] = case["output"]
     if "error" in case:
         with pytest.raises(FactProcessError) as raised:

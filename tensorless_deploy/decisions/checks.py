@@ -21,6 +21,7 @@ from tensorless_deploy.decisions.options import (
     api_key_text,
     pem_text,
 )
+from tensorless_deploy.facts.survey import PROBE_TIMEOUT_S
 from tensorless_deploy.facts.values import QUADLET_MIN_PODMAN, Gpu, HostFacts
 from tensorless_deploy.recipe.schema import Recipe
 
@@ -35,6 +36,15 @@ DISK_MARGIN_BYTES = 1 << 30
 DRIVER_INSTALL_HINT = (
     "install NVIDIA driver {need} or newer (Ubuntu: sudo ubuntu-drivers install; Debian: "
     "sudo apt install nvidia-driver), then reboot"
+)
+
+
+# A GPU that hangs NVML: a reset clears a wedged driver state, a reboot what a reset cannot; a card
+# that wedges again after both is dying (the kernel log's Xid lines say how).
+GPU_HUNG_FIX = (
+    "reset the GPU (sudo nvidia-smi -r -i INDEX, with nothing running on it), else reboot the "
+    "host; if it hangs again, read its Xid lines (sudo journalctl -k -b | grep Xid) and "
+    "replace the card"
 )
 
 
@@ -197,6 +207,14 @@ def _driver_check(facts: HostFacts) -> Check:
     if g.state == "driver_mismatch":
         return Check(
             "driver.loaded", "fail", f"driver/library version mismatch: {g.message}", "sudo reboot"
+        )
+    if g.state == "hung":
+        return Check(
+            "gpu.responsive",
+            "fail",
+            f"GPU hung: nvidia-smi did not answer within {PROBE_TIMEOUT_S} s (a wedged NVML: "
+            "one dying card makes every nvidia-smi hang)",
+            GPU_HUNG_FIX,
         )
     if g.state == "no_devices":
         return Check(

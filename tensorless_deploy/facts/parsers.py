@@ -60,6 +60,10 @@ NVIDIA_SMI_QUERY = (
 
 COMMAND_NOT_FOUND = 127
 NVIDIA_SMI_NO_DRIVER = 9
+# Exit statuses of a probe that ran past its bound (facts.survey.PROBE_TIMEOUT_S): coreutils
+# timeout's 124 (137 when it had to SIGKILL), and 124 from scripts/bound.sh for a probe that
+# could not be killed at all (nvidia-smi in uninterruptible sleep on a wedged GPU).
+TIMED_OUT = (124, 137)
 
 _NO_DRIVER_TEXT = "couldn't communicate with the nvidia driver"
 _MISMATCH_TEXT = "driver/library version mismatch"
@@ -124,6 +128,8 @@ def parse_nvidia_smi(output: str, exit_code: int) -> GpuReport:
     lowered = text.lower()
     if exit_code == COMMAND_NOT_FOUND:
         return GpuReport(state="absent", exit_code=exit_code, message=text)
+    if exit_code in TIMED_OUT:
+        return GpuReport(state="hung", exit_code=exit_code, message=text)
     if exit_code == NVIDIA_SMI_NO_DRIVER or _NO_DRIVER_TEXT in lowered:
         return GpuReport(state="no_driver", exit_code=exit_code, message=text)
     if _MISMATCH_TEXT in lowered:

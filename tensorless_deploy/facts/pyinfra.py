@@ -1,9 +1,11 @@
 """pyinfra facts for GPU hosts: survey sections run over SSH, their text handed to the parsers.
 
 Every command is POSIX sh and exits 0 whatever the tools do (their exit codes travel inside the
-output), so pyinfra never marks a host failed because nvidia-smi said "no driver". Output that
-cannot be read at all becomes pyinfra's FactProcessError, which pyinfra reports per host.
-``HostSurvey`` gathers everything doctor and plan need in a single round trip.
+output), so pyinfra never marks a host failed because nvidia-smi said "no driver". Every command
+runs under the survey's time bound (``survey.PROBE_TIMEOUT_S``): a survey section that hangs reads
+as timed out, any other fact that hangs is a FactProcessError naming it. Output that cannot be
+read at all becomes pyinfra's FactProcessError, which pyinfra reports per host. ``HostSurvey``
+gathers everything doctor and plan need in a single round trip.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .survey import (
     Section,
     SectionOutput,
     all_sections,
+    bounded_command,
     cdi_sections,
     cpu_sections,
     device_sections,
@@ -48,6 +51,7 @@ from .survey import (
     split_sections,
     survey_script,
     toolkit_sections,
+    unbounded_output,
 )
 from .values import (
     BlobState,
@@ -205,8 +209,13 @@ class HostSurvey(FactBase[HostFacts]):
 # --- what this tool put there, read by its operations, status and bench ----------------------
 
 
-def _one(output: Iterable[str]) -> str:
-    return "\n".join(output).strip()
+def _lines(output: Iterable[str], what: str) -> list[str]:
+    """A bounded command's output; FactProcessError when it hung."""
+    return _process(output, lambda lines: unbounded_output(lines, what))
+
+
+def _one(output: Iterable[str], what: str) -> str:
+    return "\n".join(_lines(output, what)).strip()
 
 
 class ImagePresent(FactBase[bool]):
@@ -214,13 +223,13 @@ class ImagePresent(FactBase[bool]):
 
     def command(self, engine_bin: str, image: str) -> str:
         check = "image exists" if engine_bin.endswith("podman") else "image inspect"
-        return (
+        return bounded_command(
             f"{shlex.quote(engine_bin)} {check} {shlex.quote(image)} >/dev/null 2>&1 "
             "&& echo yes || echo no"
         )
 
     def process(self, output: Iterable[str]) -> bool:
-        return _one(output) == "yes"
+        return _one(output, "the image check") == "yes"
 
 
 class ModelBlob(FactBase[BlobState]):
@@ -228,13 +237,13 @@ class ModelBlob(FactBase[BlobState]):
 
     def command(self, blob: str, stamp: str, snapshot: str) -> str:
         b, s, n = shlex.quote(blob), shlex.quote(stamp), shlex.quote(snapshot)
-        return (
+        return bounded_command(
             f"stat -c '%s %Y %n' {b} 2>/dev/null || echo missing; "
             f'echo "$(cat {s} 2>/dev/null)"; echo "$(readlink {n} 2>/dev/null)"'
         )
 
     def process(self, output: Iterable[str]) -> BlobState:
-        return parse_blob_state("\n".join(output))
+        return parse_blob_state("\n".join(_lines(output, "the model file check")))
 
 
 class FileSha256(FactBase["str | None"]):
@@ -242,13 +251,13 @@ class FileSha256(FactBase["str | None"]):
 
     def command(self, path: str) -> str:
         p = shlex.quote(path)
-        return (
+        return bounded_command(
             f"if [ -f {p} ]; then (openssl dgst -sha256 -r {p} 2>/dev/null || sha256sum {p}) "
             "| cut -d' ' -f1; else echo none; fi"
         )
 
     def process(self, output: Iterable[str]) -> str | None:
-        value = _one(output)
+        value = _one(output, "the file hash")
         return None if value in ("", "none") else value
 
 
@@ -262,7 +271,7 @@ class HttpStatus(FactBase[int]):
         )
 
     def process(self, output: Iterable[str]) -> int:
-        text = _one(output)
+        text = "\n".join(output).strip()  # curl --max-time bounds it
         return int(text) if text.isdigit() else 0
 
 
@@ -277,10 +286,12 @@ class DeployedUnits(FactBase[tuple[DeployedUnit, ...]]):
         """With secrets_root (where the units' API keys are), also each metrics-enabled unit's
         llama-server /metrics, read with its key."""
         script = shell.load("tensorless_deploy.facts", "deployed-units")
-        return shell.bind(script, secrets_root=secrets_root) if secrets_root else script
+        return bounded_command(
+            shell.bind(script, secrets_root=secrets_root) if secrets_root else script
+        )
 
     def process(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
-        return parse_deployed_units("\n".join(output))
+        return parse_deployed_units("\n".join(_lines(output, "the units' state")))
 
 
 __all__: list[str] = [

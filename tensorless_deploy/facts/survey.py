@@ -1,8 +1,11 @@
 """The host survey: POSIX-sh snippets printing every fact in one SSH round trip, and their reading.
 
-Each section runs in a subshell with stderr merged, framed by marker lines, so a failing tool
-(nvidia-smi exit 9, a missing binary: exit 127) arrives as text plus exit code, never as a
-failed command. Pure: building the script and reading its output do no I/O.
+Each section runs in its own ``sh -c`` with stderr merged, framed by marker lines, so a failing
+tool (nvidia-smi exit 9, a missing binary: exit 127) arrives as text plus exit code, never as a
+failed command. The sections run side by side, each bounded in time (``PROBE_TIMEOUT_S``,
+``scripts/bound.sh``): one that does not answer reads as exit 124 (``TIMED_OUT``) and the survey
+goes on. Pure: building
+the script and reading its output do no I/O.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tensorless_deploy.recipe.text import CONTROL
 from .errors import FactError
 from .parsers import (
     NVIDIA_SMI_QUERY,
+    TIMED_OUT,
     analyse_cdi,
     nvidia_devices,
     parse_cdi_dump,
@@ -57,6 +61,11 @@ from .values import (
 
 SECTION_MARKER = "@@td section "
 EXIT_MARKER = "@@td rc "
+TIMEOUT_MARKER = "@@td timeout "
+# The one bound of every host probe (each survey section, each fact command): a wedged NVML
+# makes every nvidia-smi hang, so nothing may wait on a probe for longer than this.
+PROBE_TIMEOUT_S = 20
+
 DEFAULT_CDI_DIRS: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
 QUADLET_PATHS: tuple[str, ...] = ("/usr/libexec/podman/quadlet", "/usr/lib/podman/quadlet")
 
@@ -75,6 +84,10 @@ class Section:
 class SectionOutput:
     text: str
     exit_code: int
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code in TIMED_OUT
 
 
 def _need(command: str) -> str:
@@ -111,8 +124,7 @@ def engine_sections() -> tuple[Section, ...]:
         Section(
             "docker-runtimes",
             f"{_need('docker')}; docker --version 2>&1 | grep -q 'podman version' && exit 3; "
-            f"if command -v timeout >/dev/null 2>&1; then timeout 20 {docker_info}; "
-            f"else {docker_info}; fi",
+            f"{docker_info}",
         ),
     )
 
@@ -199,15 +211,47 @@ def all_sections(
     )
 
 
+def bound_preamble() -> str:
+    """The shell that bounds probes (``td_start``, ``td_wait``, ``td_show``), once per script."""
+    return "export LC_ALL=C\n" + shell.load("tensorless_deploy.facts", "bound")
+
+
 def survey_script(sections: Iterable[Section]) -> str:
-    """One POSIX-sh script printing each section framed by markers; it always exits 0."""
-    parts = ["export LC_ALL=C"]
+    """One POSIX-sh script printing each section framed by markers. The sections run side by
+    side (``td_start``), each under PROBE_TIMEOUT_S; one that does not end in time reads as
+    exit 124. The script always exits 0."""
+    sections = tuple(sections)
+    parts = [bound_preamble()]
+    parts += [f"td_start {PROBE_TIMEOUT_S} {shlex.quote(s.script)}" for s in sections]
+    parts.append("td_wait")
     for section in sections:
         parts.append(f"echo '{SECTION_MARKER}{section.name}'")
-        parts.append(f"( {section.script}\n) </dev/null 2>&1")
+        parts.append("td_show")
         parts.append(f'echo "{EXIT_MARKER}$?"')
     parts.append("exit 0")
     return "\n".join(parts)
+
+
+def bounded_command(script: str) -> str:
+    """One fact's command under the survey's bound: its output, then ``TIMEOUT_MARKER`` when it
+    ran past PROBE_TIMEOUT_S (read by ``unbounded_output``)."""
+    return (
+        f"{bound_preamble()}\n"
+        f"td_start {PROBE_TIMEOUT_S} {shlex.quote(script)}\n"
+        "td_wait\n"
+        "td_show; td_r=$?\n"
+        f"case $td_r in {'|'.join(map(str, TIMED_OUT))}) "
+        f"echo '{TIMEOUT_MARKER}{PROBE_TIMEOUT_S}';; esac\n"
+        "exit 0"
+    )
+
+
+def unbounded_output(lines: Iterable[str], what: str) -> list[str]:
+    """A bounded command's output lines; FactError when it ran past its bound."""
+    out = [line.rstrip("\r") for line in lines]
+    if any(line.startswith(TIMEOUT_MARKER) for line in out):
+        raise FactError(f"{what}: no answer within {PROBE_TIMEOUT_S} s (the command hung)")
+    return out
 
 
 def split_sections(output: str | Iterable[str]) -> dict[str, SectionOutput]:

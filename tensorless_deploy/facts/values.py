@@ -45,7 +45,7 @@ class FactModel(BaseModel):
 
 # --- GPUs (nvidia-smi) -------------------------------------------------------------------------
 
-GpuState = Literal["ok", "absent", "no_driver", "driver_mismatch", "no_devices", "failed"]
+GpuState = Literal["ok", "absent", "no_driver", "driver_mismatch", "no_devices", "hung", "failed"]
 
 
 class Gpu(FactModel):
@@ -87,7 +87,9 @@ class GpuReport(FactModel):
 
     ``absent``: no nvidia-smi on the host. ``no_driver``: exit 9, the kernel driver is not
     loaded. ``driver_mismatch``: NVML and kernel module versions differ (reboot pending).
-    ``no_devices``: the driver is up and sees no card. ``failed``: anything else, ``message``
+    ``no_devices``: the driver is up and sees no card. ``hung``: nvidia-smi did not answer
+    within the survey's bound (a wedged NVML: one dying card hangs every call). ``failed``:
+    anything else, ``message``
     carries nvidia-smi's words, ``invalid_field`` the field it refused (compute_cap before 510).
     """
 

@@ -56,7 +56,7 @@ DEFAULT_ENGINE_BINS: dict[EngineName, str] = {
 }
 # Checks that decide whether the machine has the card at all: with `run --dry-run` only these
 # refuse; the others are shown as what a real run would stop at.
-CARD_CHECKS = ("driver.present", "driver.loaded", "card.match", "driver.version")
+CARD_CHECKS = ("driver.present", "driver.loaded", "gpu.responsive", "card.match", "driver.version")
 
 
 @dataclass(frozen=True)

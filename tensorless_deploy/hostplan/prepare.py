@@ -42,7 +42,7 @@ MODELS = "disk.model"
 STEP_ORDER = (ENGINE, TOOLKIT, CDI, UVM, CHAR_LINKS, SELINUX, MODELS)
 # A failed check among these means the host cannot serve at all: prepare changes nothing there.
 DRIVER_CHECKS = ("driver.present", "driver.loaded", "driver.version")
-STOPS = (*DRIVER_CHECKS, "card.match", "systemd.pid1", "recipe.state")
+STOPS = (*DRIVER_CHECKS, "gpu.responsive", "card.match", "systemd.pid1", "recipe.state")
 # The SELinux type the models directory gets where SELinux is enforcing: the units mount it
 # read-only, and a container may read files of this type.
 MODELS_LABEL = "container_ro_file_t"
