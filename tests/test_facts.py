@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic_core import to_jsonable_python
 
-from tensorless_deploy.facts import parsers
+from tensorless_deploy.facts import nvidia, parsers
 from tensorless_deploy.facts.errors import FactError
 from tensorless_deploy.facts.survey import host_facts_from_inventory, host_facts_from_survey
 from tensorless_deploy.facts.values import HostFacts, blocking_listeners
@@ -53,6 +53,10 @@ FACTS: dict[str, Callable[..., Any]] = {
     "version": parsers.parse_version,
     "tool-state": parsers.parse_tool_state,
     "engine-paths": parsers.parse_engine_paths,
+    "nvidia-module": nvidia.parse_module_version,
+    "kernel-log": nvidia.parse_kernel_log,
+    "nvidia-health": nvidia.parse_health_xml,
+    "engine-labels": nvidia.parse_engine_labels,
     "survey": host_facts_from_survey,
     "inventory": host_facts_from_inventory,
 }

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.common import catalog_from, recipes_flag
 from tensorless_deploy.cli.output import emit_json, paint, table
+from tensorless_deploy.decisions.cards import ceiling_for
+from tensorless_deploy.decisions.cards import describe as describe_ceiling
 from tensorless_deploy.errors import UsageError
 
 if TYPE_CHECKING:
@@ -81,12 +83,22 @@ def info_data(e: Entry) -> dict[str, Any]:
     data = r.model_dump(mode="json", by_alias=True)
     data["receipt"]["decode_tps"] = dict(ordered_measurements(r.receipt.decode_tps))
     data["receipt"]["prefill_tps"] = dict(ordered_measurements(r.receipt.prefill_tps))
+    ceiling = ceiling_for(r.card.compute_capability)
     return {
         "path": e.path,
         "state": r.state,
         "published": not r.unpublished,
         "recipe_digest": e.digest,
         **data,
+        # the card's ceilings (decisions.cards), not recipe values: null for a card without
+        "card_ceilings": None
+        if ceiling is None
+        else {
+            "max_driver_branch": ceiling.max_branch,
+            "proprietary_modules_only": ceiling.proprietary_only,
+            "max_cuda_major": ceiling.max_cuda_major,
+            "family": ceiling.family,
+        },
     }
 
 
@@ -117,6 +129,11 @@ def info_text(e: Entry) -> str:
             "card",
             f"{card.title or card.id}: compute capability {card.compute_capability}, "
             f">= {card.min_memory_mib} MiB, driver >= {card.min_driver}",
+        ),
+        *(
+            [("ceilings", describe_ceiling(c))]
+            if (c := ceiling_for(card.compute_capability)) is not None
+            else []
         ),
         ("repo", r.model.hf_repo),
         ("revision", r.model.revision),

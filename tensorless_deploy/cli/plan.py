@@ -17,6 +17,7 @@ from tensorless_deploy.cli.common import (
     serving_flags,
 )
 from tensorless_deploy.cli.output import emit_json, paint, table
+from tensorless_deploy.decisions.cards import describe as describe_ceiling
 from tensorless_deploy.errors import UsageError
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ def _text(mp: ModelPlan, verbose: int) -> list[str]:
             size = f" of {h.file_size}" if h.file_size is not None else ""
             how = "cached" if r.cached else f"{h.bytes_fetched} bytes fetched{size}"
             lines.append(f"  header {key[2]}: {h.metadata_bytes} bytes of metadata, {how}")
+    for card, cc, ceiling in mp.ceilings:
+        lines.append(f"  ceilings {card} (compute {cc}): {describe_ceiling(ceiling)}")
     rows = [_row(mp, p) for p in mp.placements]
     lines += ["  " + line for line in table(rows, HEADER).splitlines()]
     for p in mp.placements:

@@ -657,11 +657,35 @@ def host_verdict(
                 None,
             )
         )
-    checks.append(_driver_check(facts))
+    from tensorless_deploy.decisions import guard
+
+    driver = _driver_check(facts)
+    branch = guard.branch_checks(
+        facts,
+        recipe.card.compute_capability if recipe is not None else None,
+        recipe.card.id if recipe is not None else None,
+    )
+    explained = [c for c in branch if c.status == "fail"]
+    if explained and driver.status == "fail":
+        # "No devices were found" (or no driver at all) because the driver ignores the card:
+        # the branch or module row says why and how to fix it
+        driver = Check(
+            driver.id,
+            "fail",
+            f"{driver.evidence}: the driver ignores the card ({explained[0].id}, below)",
+            explained[0].fix,
+        )
+    checks.append(driver)
+    checks += branch
     if recipe is not None and facts.gpus.state == "ok":
         card_checks, match = _card_checks(facts, recipe)
         checks += card_checks
     checks += _device_checks(facts)
+    if facts.gpus.state == "ok" and facts.source == "host":
+        scope = (
+            list(match.usable + match.old_driver) if match is not None else list(facts.gpus.gpus)
+        )
+        checks += guard.health_checks(facts, scope, all_cards=recipe is None)
     engine: EngineName | None = None
     if facts.source == "inventory":
         # offline: inventory data says only what the GPUs are; the rest is unknown, not failed
@@ -669,6 +693,17 @@ def host_verdict(
     checks += secret_file_checks(options)
     engine_checks, engine = _engine_checks(facts, options)
     checks += engine_checks
+    if recipe is not None and (match is None or match.usable or match.old_driver):
+        # a CPU engine says so; a GPU image is judged where its labels were read (on the host,
+        # or from its registry by the fleet); one nobody read has no row
+        image = recipe.engine.image
+        known = facts.engine_image(image)
+        if recipe.engine.arch == "cpu" or known is not None:
+            checks.append(
+                guard.engine_code_check(
+                    recipe.engine.arch, recipe.card.compute_capability, image, known
+                )
+            )
     if facts.gpus.state == "ok":
         uuids = (
             match.uuids if match is not None else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)

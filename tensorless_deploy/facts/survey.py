@@ -21,6 +21,12 @@ from tensorless_deploy.hub import DEFAULT_MODELS_DIR, host_state_dir
 from tensorless_deploy.recipe.text import CONTROL
 
 from .errors import FactError
+from .nvidia import (
+    parse_engine_labels,
+    parse_health_xml,
+    parse_kernel_log,
+    parse_module_version,
+)
 from .parsers import (
     NVIDIA_SMI_QUERY,
     TIMED_OUT,
@@ -49,9 +55,13 @@ from .values import (
     ContainerToolkit,
     DiskSpace,
     GpuApp,
+    DriverModule,
+    EngineImage,
     GpuReport,
+    HealthReport,
     HostFacts,
     InitSystem,
+    KernelLog,
     Listener,
     NvidiaDevices,
     Selinux,
@@ -102,6 +112,23 @@ def gpu_app_sections() -> tuple[Section, ...]:
     """The compute processes on each card and their containers (the memory verdict counts what
     a model's own instances hold as free when that model is planned again)."""
     return (Section("gpu-apps", shell.load("tensorless_deploy.facts", "gpu-apps")),)
+
+
+def driver_sections() -> tuple[Section, ...]:
+    """The loaded kernel module, the driver's NVRM lines since boot, and the cards' health."""
+    return (
+        Section(
+            "nvidia-module",
+            "[ -r /proc/driver/nvidia/version ] || exit 2; cat /proc/driver/nvidia/version",
+        ),
+        Section("kernel-nvrm", shell.load("tensorless_deploy.facts", "kernel-log")),
+        Section("nvidia-health", f"{_need('nvidia-smi')}; nvidia-smi -q -x"),
+        Section(
+            "engine-labels",
+            f"{_need('podman')}; podman images --no-trunc --digests --format "
+            "'{{.Repository}}@{{.Digest}} {{json .Labels}}'",
+        ),
+    )
 
 
 def device_sections() -> tuple[Section, ...]:
@@ -198,6 +225,7 @@ def all_sections(
     return (
         *gpu_sections(),
         *gpu_app_sections(),
+        *driver_sections(),
         *device_sections(),
         *engine_sections(),
         *toolkit_sections(),
@@ -295,6 +323,26 @@ def read_gpus(sections: Mapping[str, SectionOutput]) -> GpuReport:
     return parse_nvidia_smi(smi.text, smi.exit_code)
 
 
+def read_module(sections: Mapping[str, SectionOutput]) -> DriverModule:
+    module = _section(sections, "nvidia-module")
+    return parse_module_version(module.text, module.exit_code)
+
+
+def read_kernel_log(sections: Mapping[str, SectionOutput]) -> KernelLog:
+    log = _section(sections, "kernel-nvrm")
+    return parse_kernel_log(log.text, log.exit_code)
+
+
+def read_health(sections: Mapping[str, SectionOutput]) -> HealthReport:
+    health = _section(sections, "nvidia-health")
+    return parse_health_xml(health.text, health.exit_code)
+
+
+def read_engine_labels(sections: Mapping[str, SectionOutput]) -> dict[str, EngineImage]:
+    images = _section(sections, "engine-labels")
+    return parse_engine_labels(images.text, images.exit_code)
+
+
 def read_devices(sections: Mapping[str, SectionOutput]) -> NvidiaDevices:
     char = _section(sections, "dev-char")
     return nvidia_devices(_section(sections, "nvidia-devices").text, char.text, char.exit_code)
@@ -379,6 +427,10 @@ def build_host_facts(
     listeners: Sequence[Listener] | None = None,
     tool: ToolState | None = None,
     gpu_apps: Sequence[GpuApp] | None = None,
+    module: DriverModule | None = None,
+    kernel_log: KernelLog | None = None,
+    health: HealthReport | None = None,
+    engine_images: Mapping[str, EngineImage] | None = None,
     problems: Sequence[str] = (),
     source: Source = "host",
 ) -> HostFacts:
@@ -402,6 +454,10 @@ def build_host_facts(
             "listeners": None if listeners is None else tuple(listeners),
             "tool": tool,
             "gpu_apps": None if gpu_apps is None else tuple(gpu_apps),
+            "module": module,
+            "kernel_log": kernel_log,
+            "health": health,
+            "engine_images": None if engine_images is None else dict(engine_images),
             "problems": tuple(problems),
         }
     )
@@ -437,6 +493,12 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         # surveys captured before the section existed say nothing of the tool's own state
         tool=read("tensorless", read_tool) if "tensorless" in sections else None,
         gpu_apps=read("gpu-apps", read_gpu_apps) if "gpu-apps" in sections else None,
+        module=read("nvidia-module", read_module) if "nvidia-module" in sections else None,
+        kernel_log=read("kernel-nvrm", read_kernel_log) if "kernel-nvrm" in sections else None,
+        health=read("nvidia-health", read_health) if "nvidia-health" in sections else None,
+        engine_images=read("engine-labels", read_engine_labels)
+        if "engine-labels" in sections
+        else None,
         problems=problems,
     )
 

@@ -341,6 +341,120 @@ def blocking_listeners(
     return tuple(lst for lst in listeners if listener_blocks(lst, port, bind_address))
 
 
+# --- the driver's kernel module, its kernel log, the cards' health ----------------------------
+
+ModuleFlavour = Literal["proprietary", "open"]
+
+
+class DriverModule(FactModel):
+    """The loaded NVIDIA kernel module as ``/proc/driver/nvidia/version`` names it:
+    ``NVIDIA UNIX x86_64 Kernel Module  535.183.01`` (proprietary) or ``NVIDIA UNIX Open Kernel
+    Module for x86_64  580.159.04`` (open). ``loaded`` False: no such file (no module loaded)."""
+
+    loaded: bool
+    version: str | None = None
+    flavour: ModuleFlavour | None = None
+    text: str = ""  # the file's first line, as the host printed it
+
+
+class LegacyNotice(FactModel):
+    """The driver's refusal of a card it no longer supports, from the kernel log: ``NVRM: The
+    NVIDIA Tesla P100-PCIE-16GB GPU installed in this system is supported through the NVIDIA
+    580.xx Legacy drivers ... The 590.44.01 NVIDIA driver will ignore this GPU``."""
+
+    card: str  # "Tesla P100-PCIE-16GB"
+    legacy_branch: str  # "580.xx"
+    driver_version: str  # the driver that ignores it: "590.44.01"
+
+
+class OpenModuleRefusal(FactModel):
+    """``NVRM: The NVIDIA GPU 0000:03:00.0 (PCI ID: 10de:1bb3) installed in this system is not
+    supported by open nvidia.ko because it does not include the required GPU System Processor
+    (GSP).``: the open module ignoring a card older than Turing."""
+
+    pci: str
+    pci_id: str
+
+
+class XidEvent(FactModel):
+    """``NVRM: Xid (PCI:0000:07:00): 48, pid=..., An uncorrectable double bit error ...``."""
+
+    pci: str  # "PCI:0000:07:00"
+    code: int
+    text: str  # the rest of the line
+
+
+KernelLogSource = Literal["journal", "dmesg"]
+
+
+class KernelLog(FactModel):
+    """The NVRM lines of the kernel log since boot (the journal's, else dmesg's)."""
+
+    source: KernelLogSource | None  # None: neither could be read
+    legacy: tuple[LegacyNotice, ...] = ()
+    open_refusals: tuple[OpenModuleRefusal, ...] = ()
+    xids: tuple[XidEvent, ...] = ()
+    message: str = ""  # why it could not be read
+
+
+class CardHealth(FactModel):
+    """One card's health as ``nvidia-smi -q -x`` reports it; None: not reported ([N/A]).
+
+    ECC counters are the card's (device memory and caches): single-bit errors are corrected,
+    double-bit ones are not. Volatile counts run since the driver loaded, aggregate ones for the
+    card's life. Retired pages are those the driver took out of use; a pending retirement (or
+    a pending row remap on later cards) takes effect at the next reboot."""
+
+    index: int  # position in nvidia-smi's list, as --query-gpu's index
+    uuid: str | None
+    name: str
+    pci_bus_id: str | None
+    persistence_mode: str | None  # "Enabled" / "Disabled"
+    ecc_mode: str | None  # "Enabled" / "Disabled"
+    volatile_sbe: int | None = None
+    volatile_dbe: int | None = None
+    aggregate_sbe: int | None = None
+    aggregate_dbe: int | None = None
+    retired_sbe_pages: int | None = None
+    retired_dbe_pages: int | None = None
+    retirement_pending: bool | None = None  # pages (or rows) to retire at the next reboot
+    remap_failed: bool | None = None  # a row remap that failed (Ampere and later)
+    throttle_active: tuple[str, ...] = ()  # clock event/throttle reasons that are Active
+    performance_state: str | None = None  # "P0" .. "P12"
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    recovery_action: str | None = None  # the driver's own advice (580+): "None", "GPU Reset"
+
+
+EngineImageSource = Literal["host", "registry"]
+
+
+class EngineImage(FactModel):
+    """What an engine image says of its device code: its labels (``io.tensorless.engine.*``
+    among them) and, where its contents were read, the CUDA code in its libggml-cuda fatbins.
+    ``labels`` None: it could not be read (``where`` says why)."""
+
+    ref: str  # repository@sha256:digest
+    source: EngineImageSource | None
+    labels: dict[str, str] | None = None
+    fatbin: tuple[tuple[str, int], ...] | None = None  # ("ELF"|"PTX", 60) per entry; None: unread
+    where: str = ""  # "labels read from the registry 10.253.2.1:5000", or why it was not read
+
+
+HealthState = Literal["ok", "absent", "no_driver", "no_devices", "hung", "failed"]
+
+
+class HealthReport(FactModel):
+    """What ``nvidia-smi -q -x`` said: the cards' health, or why there is none."""
+
+    state: HealthState
+    cards: tuple[CardHealth, ...] = ()
+    exit_code: int | None = None
+    message: str = ""
+
+
 # --- what this tool itself put on the host ----------------------------------------------------
 
 # The labels every unit and container of this tool carries (written by launch.spec, read back
@@ -440,12 +554,29 @@ class HostFacts(FactModel):
     listeners: tuple[Listener, ...] | None = None
     tool: ToolState | None = None
     gpu_apps: tuple[GpuApp, ...] | None = None  # None: not known (nvidia-smi could not say)
+    module: DriverModule | None = None
+    kernel_log: KernelLog | None = None
+    health: HealthReport | None = None
+    # engine images the host holds (its labels), and those read from their registry for it
+    engine_images: dict[str, EngineImage] | None = None
     problems: tuple[str, ...] = ()
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def driver_version(self) -> str | None:
         return self.gpus.driver_version
+
+    def engine_image(self, image: str) -> EngineImage | None:
+        """What is known of this image (name@sha256:...): the host's copy, else its registry's;
+        matched by digest and name as ToolState.has_image does."""
+        if self.engine_images is None:
+            return None
+        name, _, digest = image.partition("@")
+        for ref, known in self.engine_images.items():
+            repo, _, have = ref.partition("@")
+            if have == digest and (repo == name or repo == f"docker.io/{name}"):
+                return known
+        return None
 
     def port_taken(self, port: int, bind_address: str = "127.0.0.1") -> tuple[Listener, ...] | None:
         """The listeners that would stop a server binding ``bind_address:port``; None: unknown."""

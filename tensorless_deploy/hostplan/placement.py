@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from gguf.constants import Keys
 
+from tensorless_deploy.decisions.cards import Ceiling, ceiling_for
 from tensorless_deploy.decisions.checks import (
     describe_gpu,
     driver_at_least,
@@ -129,6 +130,8 @@ class ModelPlan:
     placements: tuple[Placement, ...]
     best: Placement | None = None
     headers: Mapping[HeaderKey, HeaderResult] = field(default_factory=dict)
+    # (card id, compute capability, its ceiling) for each card of the model that has one
+    ceilings: tuple[tuple[str, str, Ceiling], ...] = ()
 
     def alternative(self, p: Placement) -> bool:
         return p.ok and p is not self.best
@@ -361,7 +364,19 @@ def plan_model(
     rows = [r for h in hosts for r in _host_rows(model, h, rc)]
     best = min((r for r in rows if r.ok), key=_rank_key, default=None)
     used = {header_key(e.recipe) for e in entries}
-    return ModelPlan(model, tuple(rows), best, {k: v for k, v in headers.items() if k in used})
+    ceilings: list[tuple[str, str, Ceiling]] = []
+    for e in entries:
+        card = e.recipe.card
+        c = ceiling_for(card.compute_capability)
+        if c is not None and card.id not in [cid for cid, _, _ in ceilings]:
+            ceilings.append((card.id, card.compute_capability, c))
+    return ModelPlan(
+        model,
+        tuple(rows),
+        best,
+        {k: v for k, v in headers.items() if k in used},
+        tuple(ceilings),
+    )
 
 
 def plan(
@@ -525,6 +540,16 @@ def plan_json(plans: Sequence[ModelPlan], options: PlanOptions, offline: bool) -
                     "max_context_tokens": best.max_context_tokens,
                 },
                 "headers": [_header_json(k, v) for k, v in sorted(mp.headers.items())],
+                "ceilings": [
+                    {
+                        "card": card,
+                        "compute_capability": cc,
+                        "max_driver_branch": c.max_branch,
+                        "proprietary_modules_only": c.proprietary_only,
+                        "max_cuda_major": c.max_cuda_major,
+                    }
+                    for card, cc, c in mp.ceilings
+                ],
                 "placements": [placement_json(p, mp.alternative(p)) for p in mp.placements],
             }
         )

@@ -4,7 +4,11 @@
     python tests/hosts/gen_profiles.py [--fixtures DIR] [--check]
 
 The h200 profile replays the real fixture bytes (FIXTURES/h200-driver-580: captured on a real
-H200 host); the other profiles are synthesized in the same formats. With ``--check`` nothing is
+H200 host); the other profiles are synthesized in the same formats. A P100's ``nvidia-smi -q -x``
+is the real H200 document with the card's own elements put in as a Pascal card reports them
+(``cards_xml``: the single/double-bit ECC layout, retired-page counts, ``remapped_rows`` N/A,
+no GSP), the kernel log's NVRM lines and ``/proc/driver/nvidia/version`` in the wording the
+public captures of tests/fixtures/nvidia-driver/README.md show. With ``--check`` nothing is
 written: the script only verifies that the committed files match what it would write.
 Every profile dir holds ``profile.json`` (what it models) and ``root/`` (files as they land on a
 host). The nvidia-smi / nvidia-ctk scripts themselves live in ``profiles/_standin/``.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -114,10 +119,247 @@ P100_UUIDS = [
     "GPU-d9b14e6a-3c87-45f2-a1d0-6e2b7c9f8a34",
 ]
 T4_UUID = "GPU-5e0b9d72-8c14-43a6-b2f9-0a6d1c7e3b58"
-CUDA = {"580": "13.0", "535": "12.2", "515": "11.7"}
+CUDA = {"590": "13.1", "580": "13.0", "535": "12.2", "515": "11.7"}
+# /proc/driver/nvidia/version of the proprietary module, in its shape (fixtures/nvidia-driver)
+PROC_VERSION = (
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  {built}\n"
+    "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n"
+)
+BUILT = {
+    "535.183.01": "Sun May 12 19:39:15 UTC 2024",
+    "580.159.04": "Wed Apr 29 17:32:45 UTC 2026",
+    "590.44.01": "Tue Nov 25 00:09:43 UTC 2025",
+    "515.105.01": "Wed Mar 22 17:12:31 UTC 2023",
+}
+NO_DEVICES = "No devices were found\n"  # nvidia-smi's words, exit 6 (NVML "not found")
 
 
-def tsv(gpus: list[Gpu], driver: str) -> str:
+@dataclass(frozen=True)
+class Health:
+    """What a card's nvidia-smi -q -x says of its health (the Pascal fields)."""
+
+    persistence: str = "Enabled"
+    volatile_sbe: int = 0
+    volatile_dbe: int = 0
+    aggregate_sbe: int = 0
+    aggregate_dbe: int = 0
+    retired_sbe: int = 0
+    retired_dbe: int = 0
+    pending: bool = False
+    throttle: tuple[str, ...] = ()  # clocks_event_reason_* that are Active besides gpu_idle
+    pcie_gen: int = 3
+    pcie_width: int = 16
+
+
+def _pascal_ecc(h: Health, tabs: str) -> str:
+    """The ECC block of a Pascal card (device memory and caches, single and double bit)."""
+
+    def bits(kind: str, total: int) -> str:
+        rows = [
+            ("device_memory", total),
+            ("register_file", 0),
+            ("l1_cache", "N/A"),
+            ("l2_cache", 0),
+            ("texture_memory", 0),
+            ("texture_shm", 0),
+            ("cbu", "N/A"),
+            ("total", total),
+        ]
+        inner = "".join(f"{tabs}\t\t\t<{k}>{v}</{k}>\n" for k, v in rows)
+        return f"{tabs}\t\t<{kind}>\n{inner}{tabs}\t\t</{kind}>\n"
+
+    out = f"{tabs}<ecc_errors>\n"
+    for scale, sbe, dbe in (
+        ("volatile", h.volatile_sbe, h.volatile_dbe),
+        ("aggregate", h.aggregate_sbe, h.aggregate_dbe),
+    ):
+        out += f"{tabs}\t<{scale}>\n" + bits("single_bit", sbe) + bits("double_bit", dbe)
+        out += f"{tabs}\t</{scale}>\n"
+    return out + f"{tabs}</ecc_errors>"
+
+
+def _turing_ecc(h: Health, tabs: str) -> str:
+    """The ECC block of a Turing card (SRAM and DRAM, correctable and not), as a Tesla T4
+    reports it (tests/fixtures/nvidia-smi/README.md)."""
+    out = f"{tabs}<ecc_errors>\n"
+    for scale, sbe, dbe in (
+        ("volatile", h.volatile_sbe, h.volatile_dbe),
+        ("aggregate", h.aggregate_sbe, h.aggregate_dbe),
+    ):
+        out += f"{tabs}\t<{scale}>\n"
+        for k, v in (
+            ("sram_correctable", 0),
+            ("sram_uncorrectable", 0),
+            ("dram_correctable", sbe),
+            ("dram_uncorrectable", dbe),
+        ):
+            out += f"{tabs}\t\t<{k}>{v}</{k}>\n"
+        out += f"{tabs}\t</{scale}>\n"
+    return out + f"{tabs}</ecc_errors>"
+
+
+# per compute capability: architecture, PCI device and subsystem ids, ECC block
+ARCH = {
+    "6.0": ("Pascal", "15F810DE", "118F10DE", _pascal_ecc),
+    "7.5": ("Turing", "1EB810DE", "12A210DE", _turing_ecc),
+}
+
+
+def _pascal_pages(h: Health, tabs: str) -> str:
+    def pages(kind: str, count: int) -> str:
+        page = (
+            f"{tabs}\t\t\t<retired_page>\n{tabs}\t\t\t\t<retired_page_address>"
+            f"0x000000000007fffa</retired_page_address>\n{tabs}\t\t\t</retired_page>\n"
+        )
+        listed = page * count
+        return (
+            f"{tabs}\t<{kind}>\n{tabs}\t\t<retired_count>{count}</retired_count>\n"
+            f"{tabs}\t\t<retired_pagelist>\n{listed}{tabs}\t\t</retired_pagelist>\n{tabs}\t</{kind}>\n"
+        )
+
+    yes = "Yes" if h.pending else "No"
+    return (
+        f"{tabs}<retired_pages>\n"
+        + pages("multiple_single_bit_retirement", h.retired_sbe)
+        + pages("double_bit_retirement", h.retired_dbe)
+        + f"{tabs}\t<pending_blacklist>{yes}</pending_blacklist>\n"
+        f"{tabs}\t<pending_retirement>{yes}</pending_retirement>\n{tabs}</retired_pages>"
+    )
+
+
+def _swap(text: str, tag: str, value: str) -> str:
+    """Replace the first <tag>...</tag> (a leaf) with value."""
+    new, n = re.subn(rf"<{tag}>[^<]*</{tag}>", f"<{tag}>{value}</{tag}>", text, count=1)
+    assert n == 1, tag
+    return new
+
+
+def _swap_block(text: str, tag: str, block: str) -> str:
+    new, n = re.subn(rf"\t*<{tag}>.*?</{tag}>", lambda _: block, text, count=1, flags=re.S)
+    assert n == 1, tag
+    return new
+
+
+def cards_xml(h200_xml: str, gpus: list[Gpu], driver: str, health: list[Health]) -> str:
+    """``nvidia-smi -q -x`` of these Pascal (and Turing) cards: the real H200 document, its <gpu>
+    element once per card with the card's identity and health put in."""
+    head, rest = h200_xml.split("\t<gpu id=", 1)
+    body, tail = rest.split("\t</gpu>\n", 1)
+    template = "\t<gpu id=" + body + "\t</gpu>\n"
+    branch = driver.split(".")[0]
+    dtd = "nvsmi_device_v13.dtd" if int(branch) >= 570 else "nvsmi_device_v12.dtd"
+    head = head.replace("nvsmi_device_v13.dtd", dtd)
+    head = _swap(head, "driver_version", driver)
+    head = _swap(head, "cuda_version", CUDA[branch])
+    head = _swap(head, "attached_gpus", str(len(gpus)))
+    cards = []
+    for i, (g, h) in enumerate(zip(gpus, health, strict=True)):
+        c = template.replace('<gpu id="00000000:00:06.0">', f'<gpu id="{g.bus}">', 1)
+        if g.compute_cap == "9.0":  # the H200 itself: its real element, at its bus here
+            c = _swap(c, "minor_number", str(i))
+            c = _swap(c, "pci_device", g.bus.split(":")[2].split(".")[0])
+            cards.append(_swap(c, "pci_bus_id", g.bus))
+            continue
+        arch, device_id, subsystem, ecc = ARCH[g.compute_cap]
+        for tag, value in (
+            ("product_name", g.name),
+            ("product_brand", "Tesla"),
+            ("product_architecture", arch),
+            ("display_mode", "Enabled"),
+            ("display_attached", "No"),
+            ("persistence_mode", h.persistence),
+            ("addressing_mode", "N/A"),
+            ("current_mig", "N/A"),
+            ("pending_mig", "N/A"),
+            ("serial", g.serial),
+            ("uuid", g.uuid),
+            ("pdi", "N/A"),
+            ("minor_number", str(i)),
+            ("vbios_version", g.vbios),
+            ("board_id", f"0x{4 + i:x}"),
+            ("board_part_number", "900-2H400-0000-000"),
+            ("gpu_part_number", "N/A"),
+            ("module_id", "N/A"),
+            ("img_version", "H400.0201.00.08"),
+            ("oem_object", "1.1"),
+            ("ecc_object", "4.1"),
+            ("c2c_mode", "N/A"),
+            ("virtualization_mode", "None"),
+            ("gsp_firmware_version", "N/A"),
+            ("pci_bus", "00"),
+            ("pci_device", g.bus.split(":")[2].split(".")[0]),
+            ("pci_sub_class", "2"),
+            ("pci_device_id", device_id),
+            ("pci_bus_id", g.bus),
+            ("pci_sub_system_id", subsystem),
+            ("max_link_gen", "3"),
+            ("current_link_gen", str(h.pcie_gen)),
+            ("device_current_link_gen", str(h.pcie_gen)),
+            ("max_device_link_gen", "3"),
+            ("max_host_link_gen", "3"),
+            ("max_link_width", "16x"),
+            ("current_link_width", f"{h.pcie_width}x"),
+        ):
+            c = _swap(c, tag, value)
+
+        def reason(m: re.Match[str], active: tuple[str, ...] = h.throttle) -> str:
+            on = m.group(1).removeprefix("clocks_event_reason_") in active
+            return f"<{m.group(1)}>{'Active' if on else 'Not Active'}</{m.group(1)}>"
+
+        c = re.sub(r"<(clocks_event_reason_[a-z_]+)>[^<]*</\1>", reason, c)
+        mem = re.search(r"\t*<fb_memory_usage>.*?</fb_memory_usage>", c, flags=re.S)
+        assert mem
+        free = g.mem_total - g.reserved - g.used
+        c = _swap_block(
+            c,
+            "fb_memory_usage",
+            f"\t\t<fb_memory_usage>\n\t\t\t<total>{g.mem_total} MiB</total>\n"
+            f"\t\t\t<reserved>{g.reserved} MiB</reserved>\n\t\t\t<used>{g.used} MiB</used>\n"
+            f"\t\t\t<free>{free} MiB</free>\n\t\t</fb_memory_usage>",
+        )
+        c = _swap_block(c, "ecc_errors", ecc(h, "\t\t"))
+        c = _swap_block(c, "retired_pages", _pascal_pages(h, "\t\t"))
+        c = _swap_block(c, "remapped_rows", "\t\t<remapped_rows>N/A</remapped_rows>")
+        cards.append(c)
+    return head + "".join(cards) + tail
+
+
+def legacy_notice(card: str, driver: str) -> list[str]:
+    """The kernel log of a driver that no longer drives a card (the wording of the public
+    captures in tests/fixtures/nvidia-driver: one NVRM line per line of the notice)."""
+    return [
+        f"NVRM: The NVIDIA {card} GPU installed in this system is",
+        "NVRM:  supported through the NVIDIA 580.xx Legacy drivers. Please",
+        "NVRM:  visit http://www.nvidia.com/object/unix.html for more",
+        f"NVRM:  information.  The {driver} NVIDIA driver will ignore",
+        "NVRM:  this GPU.  Continuing probe...",
+        "NVRM: No NVIDIA GPU found.",
+    ]
+
+
+def open_refusal(bus: str, pci_id: str) -> list[str]:
+    """The open kernel module refusing a card without a GSP (tests/fixtures/nvidia-driver)."""
+    short = bus[4:]  # 0000:00:04.0
+    return [
+        f"NVRM: The NVIDIA GPU {short} (PCI ID: {pci_id})",
+        "NVRM: installed in this system is not supported by open",
+        "NVRM: nvidia.ko because it does not include the required GPU",
+        "NVRM: System Processor (GSP).",
+        f"NVRM: GPU {short}: RmInitAdapter failed! (0x24:0x72:1603)",
+        f"NVRM: GPU {short}: rm_init_adapter failed, device minor number 0",
+    ]
+
+
+def xid_48(bus: str) -> str:
+    """Xid 48, a double-bit ECC error, in the words of the public capture (fixtures)."""
+    return (
+        f"NVRM: Xid (PCI:{bus[4:].rsplit('.', 1)[0]}): 48, pid='<unknown>', name=<unknown>, An "
+        "uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
+        "physAddr 0x7fffa8860 partition 7, subpartition 1."
+    )
+
+
+def tsv(gpus: list[Gpu], driver: str, persistence: str = "Enabled") -> str:
     rows = ["\t".join(TSV_FIELDS)]
     for i, g in enumerate(gpus):
         rows.append(
@@ -135,7 +377,7 @@ def tsv(gpus: list[Gpu], driver: str) -> str:
                     driver,
                     g.vbios,
                     g.bus,
-                    "Off",
+                    persistence,
                     str(g.temp),
                     "100" if g.used else "0",
                     f"{g.power_draw:.2f}",
@@ -193,7 +435,7 @@ def _plain(
         head = f" N/A   {g.temp}C    P0"
         pwr = f"{g.power_draw}W / {g.power_limit}W"
         out.append(
-            row(left + "Off".rjust(lw - len(left) - 2) + "  ", f" {g.bus} Off ", f"{'0':>21} ")
+            row(left + "On".rjust(lw - len(left) - 2) + "  ", f" {g.bus} Off ", f"{'0':>21} ")
         )
         out.append(
             row(
@@ -332,13 +574,25 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
     mixed = [p100(0, P100_UUIDS[0]), p100_busy, t4(2, T4_UUID)]
     d535, d515, d580, d_old = "535.183.01", "515.105.01", "580.159.04", "535.104.05"
 
-    def smi(gpus: list[Gpu], driver: str, plain: str) -> dict[str, str]:
+    h200_query = (h200_fx / "query.xml").read_text()
+
+    def module(driver: str) -> dict[str, str]:
+        """/proc/driver/nvidia/version of the loaded proprietary module (the harness puts it at
+        that path)."""
+        text = PROC_VERSION.format(driver=driver, built=BUILT[driver])
+        return {f"{STANDIN}/driver/version": text}
+
+    def smi(
+        gpus: list[Gpu], driver: str, plain: str, health: list[Health] | None = None
+    ) -> dict[str, str]:
+        cards = health or [Health() for _ in gpus]
         return {
             f"{STANDIN}/smi/gpus.tsv": tsv(gpus, driver),
             f"{STANDIN}/smi/list.out": list_out(gpus),
             f"{STANDIN}/smi/version.out": version_out(driver),
             f"{STANDIN}/smi/plain.out": plain,
-        }
+            f"{STANDIN}/smi/query.xml": cards_xml(h200_query, gpus, driver, cards),
+        } | module(driver)
 
     def toolkit(
         gpus: list[Gpu],
@@ -394,6 +648,9 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
         ("query.xml", "query.xml"),
     ):
         h200_files[f"{STANDIN}/smi/{dst}"] = (h200_fx / src).read_text()
+    facts_txt = (h200_fx / "host-facts.txt").read_text()
+    h200_module = facts_txt.split("## proc-driver\n", 1)[1].split("\n## ", 1)[0] + "\n"
+    h200_files[f"{STANDIN}/driver/version"] = h200_module  # the real open module's words
     h200_files |= toolkit([h200], d580) | libs(d580)
 
     profiles: dict[str, dict[str, Any]] = {
@@ -536,6 +793,74 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
             cdi_specs=["/etc/cdi/nvidia.yaml"],
         ),
         "files": pair_files,
+    }
+    # --- the Pascal guard (docs/test-hosts.md): what breaks old P100 fleets, one profile each
+    d590 = "590.44.01"  # a real 590 release (the telegraf fixtures' RTX 3090 ran it)
+    kmsg = f"{STANDIN}/driver/kmsg"
+    # a 590 driver: it loads, ignores the P100 (kernel log), and nvidia-smi sees no card
+    profiles["p100-590"] = {
+        "meta": meta(
+            "one Tesla P100-PCIE-16GB under driver 590.44.01: ignored (580.xx Legacy)",
+            p,
+            d590,
+            cdi_specs=["/etc/cdi/nvidia.yaml"],
+            nvidia_smi_exit=6,
+        ),
+        "files": {
+            f"{STANDIN}/smi/fail.out": NO_DEVICES,
+            f"{STANDIN}/smi/fail.rc": "6\n",
+            kmsg: "\n".join(legacy_notice("Tesla P100-PCIE-16GB", d590)) + "\n",
+        }
+        | module(d590)
+        | toolkit(p, d535)
+        | libs(d590),
+    }
+    # the open kernel module on a P100: it loads, refuses the card (no GSP), nvidia-smi sees none
+    profiles["p100-open"] = {
+        "meta": meta(
+            "one Tesla P100-PCIE-16GB under the open kernel module 580.159.04: no GSP, ignored",
+            p,
+            d580,
+            cdi_specs=["/etc/cdi/nvidia.yaml"],
+            nvidia_smi_exit=6,
+        ),
+        "files": {
+            f"{STANDIN}/smi/fail.out": NO_DEVICES,
+            f"{STANDIN}/smi/fail.rc": "6\n",
+            f"{STANDIN}/driver/version": h200_module,
+            kmsg: "\n".join(open_refusal(p[0].bus, "10de:15f8")) + "\n",
+        }
+        | toolkit(p, d580)
+        | libs(d580),
+    }
+    # a dying card: a double-bit ECC error, its page pending retirement until the next reboot
+    dying = [Health(volatile_dbe=1, aggregate_dbe=1, aggregate_sbe=2, pending=True)]
+    profiles["p100-pending"] = {
+        "meta": meta(
+            "one Tesla P100-PCIE-16GB, driver 535.183.01, a double-bit ECC error and a page "
+            "pending retirement",
+            p,
+            d535,
+            cdi_specs=["/etc/cdi/nvidia.yaml"],
+        ),
+        "files": smi(p, d535, plain_535(p, d535), dying)
+        | {kmsg: xid_48(p[0].bus) + "\n"}
+        | toolkit(p, d535)
+        | libs(d535),
+    }
+    # a wedged NVML: every nvidia-smi hangs (the stand-in sleeps); the rest of the host is fine
+    profiles["p100-hung"] = {
+        "meta": meta(
+            "one Tesla P100-PCIE-16GB, driver 535.183.01, NVML wedged: nvidia-smi never answers",
+            p,
+            d535,
+            cdi_specs=["/etc/cdi/nvidia.yaml"],
+            nvidia_smi_hangs=True,
+        ),
+        "files": smi(p, d535, plain_535(p, d535))
+        | {f"{STANDIN}/smi/hang": "nvidia-smi on this stand-in never answers\n"}
+        | toolkit(p, d535)
+        | libs(d535),
     }
     return profiles
 

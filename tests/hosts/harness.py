@@ -412,6 +412,58 @@ tar -x -f - -C / --no-same-owner --no-overwrite-dir --keep-directory-symlink
 """
 
 
+# What the kernel says of the driver, stood in inside the guest (its kernel is the outer
+# machine's, shared by every set: nothing is ever written there): /proc/driver/nvidia/version on a
+# tmpfs mounted over the guest's own (empty) /proc/driver, and the kernel log's NVRM lines as
+# journal entries of the kernel transport for this boot (systemd-journal-remote writes them into
+# a journal file of their own, which `journalctl -k -b` reads with the guest's own journal).
+STANDIN_DRIVER = "/usr/share/nvidia-standin/driver"
+KMSG_JOURNAL = "tensorless-kmsg.journal"
+_DRIVER_SCRIPT = f"""D={STANDIN_DRIVER}
+if [ -f "$D/version" ]; then
+  grep -q ' /proc/driver tmpfs ' /proc/mounts \\
+    || mount -t tmpfs -o mode=0555,size=64k tensorless-standin /proc/driver
+  mkdir -p /proc/driver/nvidia
+  cp "$D/version" /proc/driver/nvidia/version
+elif grep -q ' /proc/driver tmpfs ' /proc/mounts; then
+  umount /proc/driver
+fi
+mid=$(cat /etc/machine-id)
+rm -f /var/log/journal/*/{KMSG_JOURNAL} /run/log/journal/*/{KMSG_JOURNAL}
+if [ -f "$D/kmsg" ]; then
+  jr=/usr/lib/systemd/systemd-journal-remote
+  [ -x "$jr" ] || {{ echo "profile needs $jr (package systemd-journal-remote)" >&2; exit 1; }}
+  dir=/var/log/journal/$mid
+  [ -d "$dir" ] || dir=/run/log/journal/$mid
+  mkdir -p "$dir"
+  boot=$(tr -d - < /proc/sys/kernel/random/boot_id)
+  now=$(date +%s%6N)
+  up=$(awk '{{printf "%.0f", $1 * 1000000}}' /proc/uptime)
+  awk -v now="$now" -v up="$up" -v boot="$boot" -v mid="$mid" '{{
+    printf "__REALTIME_TIMESTAMP=%.0f\\n", now + NR
+    printf "__MONOTONIC_TIMESTAMP=%.0f\\n_BOOT_ID=%s\\n_MACHINE_ID=%s\\n", up + NR, boot, mid
+    printf "_TRANSPORT=kernel\\nSYSLOG_FACILITY=0\\nSYSLOG_IDENTIFIER=kernel\\n"
+    printf "PRIORITY=3\\nMESSAGE=%s\\n\\n", $0
+  }}' "$D/kmsg" > "$dir/.tensorless-kmsg.export"
+  "$jr" --output="$dir/{KMSG_JOURNAL}" --split-mode=none "$dir/.tensorless-kmsg.export" 2>/dev/null
+  rm -f "$dir/.tensorless-kmsg.export"
+fi
+"""
+# the reset's check that the host still shows exactly what the profile's driver files say
+_DRIVER_OK = f"""driver_ok() {{
+  if [ -f {STANDIN_DRIVER}/version ]; then
+    cmp -s {STANDIN_DRIVER}/version /proc/driver/nvidia/version || return 1
+  else
+    [ ! -e /proc/driver/nvidia/version ] || return 1
+  fi
+  j="/var/log/journal/*/{KMSG_JOURNAL} /run/log/journal/*/{KMSG_JOURNAL}"
+  if [ -f {STANDIN_DRIVER}/kmsg ]; then
+    ls $j >/dev/null 2>&1 || return 1
+  else
+    ! ls $j >/dev/null 2>&1 || return 1
+  fi
+}}
+"""
 NODES_FILE = f"{STATE_DIR}/profile.nodes"
 UVM_MAJOR = 238  # as the real H200 host showed (shared fixtures, host-facts.txt)
 
@@ -455,7 +507,7 @@ def apply_profile(host: Host, name: str, *, timeout: float = 60) -> None:
     """Install GPU stand-in profile ``name`` on ``host`` over SSH (removes the previous first),
     with the device nodes a host with that driver state has."""
     files = profile_files(name)
-    script = _APPLY_SCRIPT + _nodes_script(profile_device_nodes(name))
+    script = _APPLY_SCRIPT + _nodes_script(profile_device_nodes(name)) + _DRIVER_SCRIPT
     ssh_run(host, script, input=_tar_of(files), text=False, timeout=timeout)
 
 
@@ -591,8 +643,9 @@ if command -v nft >/dev/null 2>&1; then
     nft delete table "$fam" "$t" || true
   done
 fi
-profile_ok() {{
+{_DRIVER_OK}profile_ok() {{
   [ "$(cat {PROFILE_STAMP} 2>/dev/null)" = {shlex.quote(stamp)} ] || return 1
+  driver_ok || return 1
   sha256sum -c --quiet --status {PROFILE_SUMS} 2>/dev/null || return 1
   [ "$(find {" ".join(CDI_DIRS)} -mindepth 1 ! -type d 2>/dev/null | sort)" = \
 {shlex.quote(chr(10).join(cdi))} ] || return 1
@@ -605,7 +658,7 @@ if profile_ok; then
 else
   rm -rf /etc/cdi/* /var/run/cdi/*
   (
-{_APPLY_SCRIPT}{_nodes_script(profile_device_nodes(profile))}  ) || exit 1
+{_APPLY_SCRIPT}{_nodes_script(profile_device_nodes(profile))}{_DRIVER_SCRIPT}  ) || exit 1
   echo "reset: profile {profile} applied"
 fi
 echo "reset: $(echo $extra | wc -w) added paths removed, units stopped:${{units:- none}}"

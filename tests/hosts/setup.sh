@@ -47,7 +47,7 @@ BOOT_TIMEOUT=${BOOT_TIMEOUT:-90}          # seconds for all hosts to answer SSH
 DEBOOTSTRAP_TIMEOUT=${DEBOOTSTRAP_TIMEOUT:-900}
 LOCK_TIMEOUT=${LOCK_TIMEOUT:-1800}        # seconds to wait for another set's build of the shared trees
 
-TRIXIE_PKGS=systemd,systemd-sysv,dbus,openssh-server,podman,crun,netavark,aardvark-dns,nftables,iproute2,curl,ca-certificates,catatonit,openssl,coreutils,procps,sudo,libnss-myhostname
+TRIXIE_PKGS=systemd,systemd-sysv,dbus,openssh-server,podman,crun,netavark,aardvark-dns,nftables,iproute2,curl,ca-certificates,catatonit,openssl,coreutils,procps,sudo,libnss-myhostname,systemd-journal-remote
 BOOKWORM_PKGS=systemd,systemd-sysv,dbus,openssh-server,podman,crun,runc,netavark,aardvark-dns,iptables,iproute2,curl,ca-certificates,catatonit,openssl,coreutils,procps,sudo,libnss-myhostname
 HOST_PKGS="podman crun runc uidmap catatonit skopeo docker-registry openssh-client debootstrap
   systemd-container iproute2 curl nftables openssl ca-certificates util-linux"

@@ -1,0 +1,60 @@
+"""The Pascal guard's tables against the docs: every check id of decisions.guard and
+decisions.cards is a row of docs/doctor.md, and its card ceilings table is CEILINGS."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tensorless_deploy.decisions import cards, guard
+from tests.test_docs import doctor_check_ids
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_guard_check_id_is_documented() -> None:
+    ids = {guard.BRANCH, guard.MODULE, guard.ENGINE_CODE, "gpu.responsive"}
+    ids |= set(cards.HEALTH_CHECKS) | {r.check for r in cards.HEALTH_RULES.values()}
+    assert ids - doctor_check_ids() == set()
+
+
+def test_the_ceilings_table_is_the_code() -> None:
+    text = (ROOT / "docs/doctor.md").read_text(encoding="utf-8")
+    table = text.split("### Card ceilings", 1)[1].split("\n\n", 3)[2]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    documented = [tuple(cell.strip() for cell in row.strip("|").split("|")) for row in rows[1:]]
+    want = [
+        (
+            c.family,
+            f"{c.max_branch} ({c.legacy_name})",
+            "proprietary only" if c.proprietary_only else "any",
+            f"{c.max_cuda_major}.x at most",
+        )
+        for c in sorted(cards.CEILINGS, key=lambda c: c.below)
+    ]
+    assert documented == want
+
+
+def test_ceilings_apply_below_their_bound() -> None:
+    assert cards.ceiling_for("6.0") is not None and cards.ceiling_for("6.0").max_branch == 580
+    assert cards.ceiling_for("7.0").max_branch == 580  # type: ignore[union-attr]
+    assert cards.ceiling_for("3.7").max_branch == 470  # type: ignore[union-attr]
+    assert cards.ceiling_for("7.5") is None and cards.ceiling_for("9.0") is None
+    assert cards.ceiling_for("garbage") is None
+
+
+def test_machine_code_runs_on_its_own_major_and_later_minors() -> None:
+    assert guard.runs_on(60, (6, 0)) and guard.runs_on(60, (6, 1))
+    assert not guard.runs_on(61, (6, 0)) and not guard.runs_on(70, (6, 0))
+    assert not guard.runs_on(50, (6, 0))
+
+
+def test_labels_in_cmake_words() -> None:
+    assert guard.label_code({guard.LABEL_CUDA_ARCHS: "60"}) == ({60}, set())
+    assert guard.label_code({guard.LABEL_CUDA_ARCHS: "60-virtual"}) == (set(), {60})
+    assert guard.label_code({guard.LABEL_CUDA_ARCHS: "50-virtual;61-virtual;86-real"}) == (
+        {86},
+        {50, 61},
+    )
+    assert guard.label_code({}) is None
+    assert re.fullmatch(r".*@sha256:[0-9a-f]{12}", guard.short_image("r/n@sha256:" + "a" * 64))
