@@ -10,30 +10,20 @@ compressed entries are fine. Exit 1 when a file holds no fatbin at all.
 
 from __future__ import annotations
 
-import struct
+import importlib.util
 import sys
 from pathlib import Path
 
-MAGIC = struct.pack("<I", 0xBA55ED50)
-KINDS = {1: "PTX", 2: "ELF"}
-
-
-def entries(data: bytes) -> list[tuple[str, int]]:
-    """(kind, sm) for every entry of every fatbin found in `data`."""
-    found: list[tuple[str, int]] = []
-    pos = data.find(MAGIC)
-    while pos != -1:
-        _magic, _version, header_size, fat_size = struct.unpack_from("<IHHQ", data, pos)
-        entry, end = pos + header_size, pos + header_size + fat_size
-        while entry + 32 <= min(end, len(data)):
-            kind, _unk, ehdr, size = struct.unpack_from("<HHIQ", data, entry)
-            (arch,) = struct.unpack_from("<I", data, entry + 28)
-            if kind not in KINDS or ehdr == 0:
-                break
-            found.append((KINDS[kind], arch))
-            entry += ehdr + size
-        pos = data.find(MAGIC, max(end, pos + 4))
-    return found
+# The parser is the package's own (tensorless_deploy/facts/fatbin.py, standard library only), run
+# from this checkout by path, so deploy's engine.code check and this tool read fatbins alike.
+_SPEC = importlib.util.spec_from_file_location(
+    "tensorless_fatbin",
+    Path(__file__).resolve().parents[2] / "tensorless_deploy" / "facts" / "fatbin.py",
+)
+assert _SPEC is not None and _SPEC.loader is not None
+_FATBIN = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_FATBIN)
+entries = _FATBIN.entries
 
 
 def main(argv: list[str]) -> int:

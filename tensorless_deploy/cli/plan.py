@@ -120,7 +120,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    from tensorless_deploy.fleet.connect import new_state, survey_hosts
+    from tensorless_deploy.fleet.connect import gpu_images, new_state, survey_hosts
     from tensorless_deploy.fleet.inventory import load_inventory, offline_hosts, select_hosts
     from tensorless_deploy.gguf.header import header_cache_dir, read_headers
     from tensorless_deploy.hostplan.placement import (
@@ -148,7 +148,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.offline:
             plan_hosts = offline_hosts(hosts, flags)
         else:
-            plan_hosts = survey_hosts(new_state(inventory), hosts, flags, local=args.local)
+            images = gpu_images([e for entries in models.values() for e in entries])
+            plan_hosts = survey_hosts(
+                new_state(inventory), hosts, flags, local=args.local, images=images
+            )
         headers = pending.result()
     options = PlanOptions(context=flags.context, allow_draft=flags.allow_draft)
     t_plan = time.perf_counter()

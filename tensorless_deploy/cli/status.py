@@ -35,20 +35,26 @@ def _hosts(args: argparse.Namespace) -> tuple[Any, list[Any]]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from tensorless_deploy.fleet.status import fleet_status
-    from tensorless_deploy.hostplan.status import exit_code
+    from tensorless_deploy.hostplan.doctor import check_json
+    from tensorless_deploy.hostplan.status import cards_word, exit_code
 
     catalog = catalog_from(args)
     inventory, hosts = _hosts(args)
     report = fleet_status(inventory, hosts, catalog, flags_from(args))
     units = [u for h in report for u in h.units]
-    code = exit_code(any(h.error for h in report), units)
+    code = exit_code(any(h.error for h in report), units, any(h.cards_fail for h in report))
     if args.json:
         emit_json(
             {
                 "ok": code == 0,
                 "exit_code": code,
                 "hosts": [
-                    {"host": h.host, "error": h.error, "units": [u.json() for u in h.units]}
+                    {
+                        "host": h.host,
+                        "error": h.error,
+                        "cards": [check_json(c) for c in h.cards],
+                        "units": [u.json() for u in h.units],
+                    }
                     for h in report
                 ],
             }
@@ -57,10 +63,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = []
     for h in report:
         if h.error:
-            rows.append([h.host, paint("unreachable", "1;31"), "-", "-", "-", "-", "-", h.error])
+            rows.append(
+                [h.host, paint("unreachable", "1;31"), "-", "-", "-", "-", "-", "-", "-", h.error]
+            )
             continue
+        cards = cards_word(h.cards)
+        cards = cards if cards in ("ok", "-") else paint(cards, "1;31" if h.cards_fail else "33")
         if not h.units:
-            rows.append([h.host, "nothing deployed", "", "", "", "", "", ""])
+            rows.append([h.host, "nothing deployed", "", "", "", "", "", "", cards, ""])
         for u in h.units:
             state = paint(u.state, STATE_COLOURS.get(u.state, "1;31"))
             if u.state == "crash loop" and u.restarts is not None:
@@ -75,16 +85,33 @@ def cmd_status(args: argparse.Namespace) -> int:
                     state,
                     tuned,
                     (u.recipe_digest or "-")[:19],
+                    u.code
+                    if u.code in ("cpu", "-") or u.code.startswith("sm_")
+                    else paint(u.code, "1;31"),
                     u.load.text() if u.load else paint(u.load_error, "33") if u.load_error else "-",
+                    cards,
                     drift or "no drift",
                 ]
             )
-    head = ["HOST", "UNIT", "ADDRESS", "STATE", "TUNING", "RECIPE", "LOAD", "DRIFT"]
+    head = [
+        "HOST",
+        "UNIT",
+        "ADDRESS",
+        "STATE",
+        "TUNING",
+        "RECIPE",
+        "CODE",
+        "LOAD",
+        "CARDS",
+        "DRIFT",
+    ]
     if not any(u.load or u.load_error for u in units):  # no unit serves /metrics: no column
         head.remove("LOAD")
-        rows = [row[:6] + row[7:] for row in rows]
+        rows = [row[:7] + row[8:] for row in rows]
     print(table(rows, head))
     word = {0: "all serving as the catalog says", 1: "not all serving", 3: "drift"}[code]
+    if code == 1 and not any(h.error for h in report) and all(u.healthy for u in units):
+        word = "a card fails its health checks"
     print(f"status: {word} (exit {code})", file=sys.stderr)
     return code
 

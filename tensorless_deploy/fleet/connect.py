@@ -80,10 +80,13 @@ def survey_hosts(
     *,
     local: bool = False,
     keep_connected: bool = False,
+    images: Sequence[str] = (),
 ) -> list[SurveyedHost]:
     """Each host's options (validated before any connection) and facts, read in one round trip
     per host, all hosts in parallel; nothing is changed. With keep_connected, the connections
-    stay open for the operations that follow."""
+    stay open for the operations that follow. images: the GPU engine images the plans will
+    judge (engine.code): each is read once from its registry here for the hosts that do not
+    hold it (fleet.registry), before any host pulls it."""
     from tensorless_deploy.facts.pyinfra import HostSurvey
 
     options = {h.name: options_for(h, flags, local=local) for h in hosts}
@@ -95,6 +98,7 @@ def survey_hosts(
         return facts
 
     results = on_each_host(state, hosts, survey, keep_connected=keep_connected)
+    results = with_engine_images(results, images)
     out = []
     for host, r in zip(hosts, results, strict=True):
         opts = options[host.name]
@@ -126,10 +130,46 @@ def survey_and_size(
     if not entries:
         return survey_hosts(state, hosts, flags, local=local, keep_connected=keep_connected), {}
     pairs = [(e.path, e.recipe) for e in dict((e.path, e) for e in entries).values()]
+    images = gpu_images(entries)  # engine.code: what the registry says of images a host lacks
     with ThreadPoolExecutor(1) as pool:  # headers over HTTP while SSH surveys the hosts
         pending = pool.submit(read_sizings, pairs)
-        surveyed = survey_hosts(state, hosts, flags, local=local, keep_connected=keep_connected)
+        surveyed = survey_hosts(
+            state, hosts, flags, local=local, keep_connected=keep_connected, images=images
+        )
         return surveyed, pending.result()
+
+
+def gpu_images(entries: Sequence[Entry]) -> list[str]:
+    """The engine images of these recipes whose device code engine.code judges (not the CPU
+    engines, which have none)."""
+    return list(
+        dict.fromkeys(e.recipe.engine.image for e in entries if e.recipe.engine.arch != "cpu")
+    )
+
+
+def with_engine_images(
+    results: Sequence[HostFacts | str | None], images: Sequence[str]
+) -> list[HostFacts | str | None]:
+    """Each surveyed host's facts with what the registry says of the images it does not hold
+    (read once per image, only when some host lacks it)."""
+    from tensorless_deploy.fleet.registry import read_engine_image
+
+    read: dict[str, Any] = {}
+    out: list[HostFacts | str | None] = []
+    for r in results:
+        if not isinstance(r, HostFacts) or not images:
+            out.append(r)
+            continue
+        known = dict(r.engine_images or {})
+        for image in dict.fromkeys(images):
+            held = r.engine_image(image)
+            if held is not None and held.labels is not None:
+                continue
+            if image not in read:
+                read[image] = read_engine_image(image)
+            known[image] = read[image]
+        out.append(r.model_copy(update={"engine_images": known}))
+    return out
 
 
 def disconnect(hosts: Sequence[Any]) -> None:

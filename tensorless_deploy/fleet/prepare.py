@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tensorless_deploy.decisions.options import Flags
-from tensorless_deploy.fleet.connect import disconnect, new_state, survey_hosts
+from tensorless_deploy.fleet.connect import disconnect, gpu_images, new_state, survey_hosts
 from tensorless_deploy.hostplan.plan import plan_host, readiness
 from tensorless_deploy.hostplan.prepare import (
     TOOLKIT_DATA_KEYS,
@@ -145,7 +145,9 @@ def prepare(
         for h in hosts
     }
     state = new_state(inventory)
-    surveyed = survey_hosts(state, hosts, request.flags, keep_connected=True)
+    surveyed = survey_hosts(
+        state, hosts, request.flags, keep_connected=True, images=gpu_images(entries)
+    )
     by_name = {h.name: h for h in hosts}
     results: dict[str, PrepareResult] = {}
     preps: dict[str, HostPrep] = {}

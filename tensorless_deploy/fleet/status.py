@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tensorless_deploy.decisions.checks import Check
 from tensorless_deploy.decisions.options import Flags, Options
 from tensorless_deploy.errors import UnknownModelError
 from tensorless_deploy.facts.values import LABEL_CARD, LABEL_MODEL, DeployedUnit, HostFacts
@@ -15,7 +16,7 @@ from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
 from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
-from tensorless_deploy.hostplan.status import UnitStatus, unit_status
+from tensorless_deploy.hostplan.status import UnitStatus, host_card_checks, unit_status
 from tensorless_deploy.hostplan.targets import Job, Skipped
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import (
@@ -31,6 +32,11 @@ class HostStatus:
     host: str
     error: str | None
     units: tuple[UnitStatus, ...] = ()
+    cards: tuple[Check, ...] = ()  # the cards' driver and health checks (hostplan.status)
+
+    @property
+    def cards_fail(self) -> bool:
+        return any(c.status == "fail" for c in self.cards)
 
 
 def host_status(
@@ -51,7 +57,7 @@ def host_status(
             except UnknownModelError:
                 plans[key] = None
         out.append(unit_status(u, plans[key], plans[key] is not None))
-    return HostStatus(name, None, tuple(out))
+    return HostStatus(name, None, tuple(out), host_card_checks(facts))
 
 
 def fleet_status(

@@ -3,11 +3,15 @@ field by field, from what the host plan renders for the catalog's recipe now (pu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tensorless_deploy.decisions.checks import GPU_HUNG_FIX, Check
+from tensorless_deploy.decisions.guard import branch_checks, health_checks
 from tensorless_deploy.decisions.options import DEFAULT_BIND, address
+from tensorless_deploy.facts.survey import PROBE_TIMEOUT_S
 from tensorless_deploy.facts.values import (
     LABEL_BIND,
     LABEL_CARD,
@@ -16,6 +20,7 @@ from tensorless_deploy.facts.values import (
     LABEL_RECIPE_DIGEST,
     LABEL_TUNED,
     DeployedUnit,
+    HostFacts,
 )
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.launch.read import FieldDrift, drift, read_unit
@@ -100,6 +105,20 @@ class UnitStatus:
     rollback: bool = False  # a previous unit is kept: `rollback` can bring it back
     load: Load | None = None  # from /metrics, where the unit enables it
     load_error: str | None = None  # why a metrics-enabled unit's /metrics could not be read
+    engine_code: Check | None = None  # the plan's engine.code: the image's code for the card
+
+    @property
+    def code(self) -> str:
+        """The engine's device code in a word or two (status's CODE column)."""
+        c = self.engine_code
+        if c is None:
+            return "-"
+        if "CPU build" in c.evidence:
+            return "cpu"
+        hit = re.search(r"machine code for (sm_[0-9]+)", c.evidence)
+        if c.status == "ok" and hit:
+            return hit.group(1)
+        return "PTX only" if "only PTX" in c.evidence else c.status.upper()
 
     def json(self) -> dict[str, Any]:
         return {
@@ -118,6 +137,9 @@ class UnitStatus:
             "rollback_available": self.rollback,
             "metrics": self.load.json() if self.load is not None else None,
             "metrics_error": self.load_error,
+            "engine_code": None
+            if self.engine_code is None
+            else {"status": self.engine_code.status, "evidence": self.engine_code.evidence},
             "drift": [
                 {"field": d.field, "deployed": d.deployed, "wanted": d.wanted} for d in self.drift
             ],
@@ -209,7 +231,39 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
         rollback=u.previous_sha256 is not None,
         load=now,
         load_error=unread,
+        engine_code=next((c for c in plan.verdict.checks if c.id == "engine.code"), None)
+        if plan is not None
+        else None,
     )
+
+
+def host_card_checks(facts: HostFacts) -> tuple[Check, ...]:
+    """What status says of a host's cards: nvidia-smi answering, the driver branch and module
+    for the cards a ceiling covers, and every card's health (the doctor rows, all cards)."""
+    out: list[Check] = []
+    if facts.gpus.state == "hung":
+        out.append(
+            Check(
+                "gpu.responsive",
+                "fail",
+                f"GPU hung: nvidia-smi did not answer within {PROBE_TIMEOUT_S} s",
+                GPU_HUNG_FIX,
+            )
+        )
+    out += branch_checks(facts)
+    if facts.gpus.state == "ok":
+        out += health_checks(facts, facts.gpus.gpus)
+    return tuple(out)
+
+
+def cards_word(checks: Sequence[Check]) -> str:
+    """status's CARDS column: ok, or the worst status and the checks that have it."""
+    bad = [c for c in checks if c.status == "fail"] or [c for c in checks if c.status == "warn"]
+    if not bad:
+        return "ok" if checks else "-"
+    if bad[0].id == "gpu.responsive":
+        return "GPU hung"
+    return f"{bad[0].status.upper()} " + ", ".join(dict.fromkeys(c.id for c in bad))
 
 
 def _dedupe(items: Sequence[FieldDrift]) -> tuple[FieldDrift, ...]:
@@ -223,10 +277,10 @@ def _dedupe(items: Sequence[FieldDrift]) -> tuple[FieldDrift, ...]:
     return tuple(out)
 
 
-def exit_code(unreachable: bool, units: Sequence[UnitStatus]) -> int:
-    """0: everything serves as the catalog says; 1: a host unreachable or a unit not serving;
-    3: all serving, something drifted."""
-    if unreachable or any(not u.healthy for u in units):
+def exit_code(unreachable: bool, units: Sequence[UnitStatus], cards_fail: bool = False) -> int:
+    """0: everything serves as the catalog says; 1: a host unreachable, a unit not serving or
+    a card failing its health checks; 3: all serving, something drifted."""
+    if unreachable or cards_fail or any(not u.healthy for u in units):
         return EXIT_UNHEALTHY
     if any(u.drift for u in units):
         return EXIT_DRIFT
