@@ -217,7 +217,12 @@ def read_engine_image(
             where = f"read from the registry {registry} (no {CUDA_LABEL} label)"
         known = EngineImage(ref=image, source="registry", labels=labels, fatbin=fatbin, where=where)
     except (RegistryError, OSError, ValueError, KeyError, tarfile.TarError) as exc:
-        why = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        why = str(exc.reason if isinstance(exc, urllib.error.URLError) else exc)
+        if not plain and ("WRONG_VERSION_NUMBER" in why or "HTTP response" in why):
+            why += (
+                " (it speaks plain HTTP: mark it insecure in the registries.conf podman reads "
+                f'here: [[registry]] location = "{registry}" insecure = true)'
+            )
         return EngineImage(
             ref=image,
             source="registry",

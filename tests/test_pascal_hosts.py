@@ -1,0 +1,209 @@
+"""The Pascal guard on the real test hosts (issue 28): what breaks an old P100 fleet, one stand-in
+profile each (docs/test-hosts.md), driven through the CLI as an operator would.
+
+* a 590 driver hiding a P100 (p100-590), the open kernel module (p100-open), a card with a
+  double-bit error and a page pending retirement (p100-pending), a wedged NVML (p100-hung): doctor
+  names each with its fix; deploy refuses each before any change (the host's state read before
+  and after over SSH is the same), and does not hang on the wedged one; the healthy P100 passes
+  and serves; status shows the cards and the engine's code;
+* engine images in the set's registry whose labels or contents hold only PTX for sm_60: refused
+  at doctor and deploy before any pull; one with sm_60 machine code passes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
+from tests.hosts.harness import Host
+from tests.hosts.hf_server import HFServer
+from tests.hosts.pascal import pascal_image
+from tests.hosts.plugin import TINY_COMMIT, SshRunner
+from tests.test_doctor_hosts import SNAPSHOT
+
+pytestmark = pytest.mark.hosts
+
+# one profile per host: the four failures and the healthy card beside them
+PROFILES = {
+    "gpu1": "p100-590",
+    "gpu2": "p100-open",
+    "gpu3": "p100-pending",
+    "legacy1": "p100-hung",
+    "persist1": "p100",
+}
+REFUSED = {
+    "gpu1": ("driver.branch", "install the 580 branch"),
+    "gpu2": ("driver.module", "proprietary kernel module"),
+    "gpu3": ("card.pages", "reboot the host"),
+    "legacy1": ("gpu.responsive", "nvidia-smi -r"),
+}
+# what a deploy would change on a host: the snapshot of test_doctor_hosts plus the model tree
+STATE = SNAPSHOT + "\nfind /var/lib/tensorless -xdev 2>/dev/null | sort\n"
+
+
+@dataclass
+class Pascal:
+    tmp: Path
+    inventory: Path
+    catalog: Path
+    env: dict[str, str]
+    ssh: SshRunner
+    hosts_json: dict[str, Any]
+
+    def run(self, *args: str, timeout: float = 240) -> tuple[int, Any, str]:
+        proc = cli(*args, "--recipes", str(self.catalog), env=self.env, timeout=timeout)
+        out = proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr, out
+        return proc.returncode, json.loads(proc.stdout) if "--json" in args else None, out
+
+    def state(self, hosts: tuple[str, ...]) -> dict[str, str]:
+        return {h: self.ssh(h, STATE, timeout=60).stdout for h in hosts}
+
+    def recipe(self, name: str, **engine: str) -> dict[str, Any]:
+        """The tiny recipe under another short name, with another engine (arch, image)."""
+        data = tiny_recipe(self.hosts_json, TINY_COMMIT)
+        data["model"]["name"] = name
+        data["model"]["hf_repo"] = f"tensorless-test/{name}-GGUF"
+        data["run"]["alias"] = data["model"]["hf_repo"]
+        data["engine"].update(engine)
+        return data
+
+
+@pytest.fixture
+def pascal(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    ssh: SshRunner,
+    hf: HFServer,
+    clean_hosts: None,
+) -> Iterator[Pascal]:
+    hosts = [test_hosts[n] for n in PROFILES]
+    inventory = write_inventory(tmp_path / "inventory.py", hosts)
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    registries = tmp_path / "registries.conf"
+    registries.write_text(f'[[registry]]\nlocation = "{hosts_json["registry"]}"\ninsecure = true\n')
+    env = {
+        "HF_ENDPOINT": hf.url,
+        "NO_COLOR": "1",
+        "CONTAINERS_REGISTRIES_CONF": str(registries),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),  # engine-image answers read afresh
+    }
+    yield Pascal(tmp_path, inventory, catalog, env, ssh, hosts_json)
+
+
+def _checks(report: dict[str, Any], host: str) -> dict[str, dict[str, Any]]:
+    (h,) = [x for x in report["hosts"] if x["host"] == host]
+    (r,) = h["results"]
+    return {c["id"]: c for c in r["checks"]}
+
+
+def test_doctor_names_each_failure_with_its_fix_and_deploy_refuses_before_any_change(
+    pascal: Pascal, profile: Any
+) -> None:
+    for host, name in PROFILES.items():
+        profile(host, name)
+    inv = str(pascal.inventory)
+
+    t0 = time.monotonic()
+    rc, report, out = pascal.run("doctor", "-i", inv, "tiny", "--json")
+    doctor_s = time.monotonic() - t0
+    assert rc == 1, out
+    assert doctor_s < 90, f"doctor took {doctor_s:.0f} s: a wedged NVML must cost one bound"
+    ready = {h["host"]: h["ok"] for h in report["hosts"]}
+    assert ready == {h: h == "persist1" for h in PROFILES}, out
+    for host, (check, fix) in REFUSED.items():
+        c = _checks(report, host)[check]
+        assert c["status"] == "fail" and fix in c["fix"], (host, c)
+    b = _checks(report, "gpu1")
+    assert "590.44.01 (kernel module, proprietary) is past 580" in b["driver.branch"]["evidence"]
+    assert "580.xx Legacy drivers" in b["driver.branch"]["evidence"]
+    assert "No devices were found" in b["driver.branch"]["evidence"]
+    assert "driver.branch" in b["driver.present"]["evidence"]
+    o = _checks(report, "gpu2")["driver.module"]
+    assert "open kernel module" in o["evidence"] and "10de:15f8" in o["evidence"], o
+    dying = _checks(report, "gpu3")
+    assert dying["card.ecc"]["status"] == "fail" and dying["card.xid"]["status"] == "fail"
+    assert "Xid 48" in dying["card.xid"]["evidence"]
+    assert "GPU hung" in _checks(report, "legacy1")["gpu.responsive"]["evidence"]
+    healthy = _checks(report, "persist1")
+    assert {healthy[i]["status"] for i in ("driver.branch", "driver.module", "card.health")} == {
+        "ok"
+    }
+    assert "CPU build" in healthy["engine.code"]["evidence"]
+
+    before = pascal.state(tuple(REFUSED))
+    t0 = time.monotonic()
+    rc, deployed, out = pascal.run("deploy", "-i", inv, "tiny", "--json", timeout=400)
+    deploy_s = time.monotonic() - t0
+    assert rc == 1, out
+    assert deploy_s < 180, f"deploy took {deploy_s:.0f} s"
+    by_host = {h["host"]: h for h in deployed["hosts"]}
+    for host, (check, _) in REFUSED.items():
+        assert by_host[host]["outcome"] == "skipped", by_host[host]
+        assert check in [c["id"] for c in by_host[host]["failed_checks"]], by_host[host]
+        assert by_host[host]["steps"] == []
+    after = pascal.state(tuple(REFUSED))
+    for host in REFUSED:
+        diff = "\n".join(difflib.unified_diff(before[host].splitlines(), after[host].splitlines()))
+        assert after[host] == before[host], f"deploy changed {host}:\n{diff}"
+    assert by_host["persist1"]["outcome"] == "changed", by_host["persist1"]
+    health = pascal.ssh("persist1", "curl -fsS http://127.0.0.1:8080/health", timeout=30)
+    assert '"ok"' in health.stdout
+
+    # status: the healthy host serves a CPU engine on healthy cards; the dying card fails it
+    rc, status, out = pascal.run("status", "-i", inv, "--json", timeout=120)
+    assert rc == 1, out
+    hosts = {h["host"]: h for h in status["hosts"]}
+    (unit,) = hosts["persist1"]["units"]
+    assert unit["state"] == "serving" and unit["engine_code"]["status"] == "ok", unit
+    assert {c["id"]: c["status"] for c in hosts["persist1"]["cards"]}.get("card.health") == "ok"
+    assert "card.pages" in [c["id"] for c in hosts["gpu3"]["cards"] if c["status"] == "fail"]
+    assert "gpu.responsive" in [c["id"] for c in hosts["legacy1"]["cards"]]
+    rc, _, text = pascal.run("status", "-i", inv, "--limit", "gpu3", "--limit", "persist1")
+    assert rc == 1 and "FAIL card.ecc, card.pages, card.xid" in text, text
+    assert "a card fails its health checks (exit 1)" in text
+
+
+def test_an_engine_without_machine_code_for_the_card_is_refused_before_any_pull(
+    pascal: Pascal,
+) -> None:
+    """gpu1 keeps its healthy P100 (profile p100): the PTX-only image is refused by its labels,
+    the unlabelled one by the fatbins of its layers, the sm_60 one passes; deploy pulls
+    nothing."""
+    images = {v: pascal_image(pascal.hosts_json, v) for v in ("ptx", "ptx-unlabelled", "sm60")}
+    write_catalog(
+        pascal.catalog,
+        pascal.recipe("ptx", arch="sm60", image=images["ptx"]),
+        pascal.recipe("blind", arch="sm60", image=images["ptx-unlabelled"]),
+        pascal.recipe("native", arch="sm60", image=images["sm60"]),
+    )
+    inv = str(pascal.inventory)
+    rc, report, out = pascal.run("doctor", "-i", inv, "--limit", "gpu1", "ptx", "blind", "native",
+                                 "--json")  # fmt: skip
+    assert rc == 1, out
+    (gpu1,) = report["hosts"]
+    codes = {r["model"]: {c["id"]: c for c in r["checks"]}["engine.code"] for r in gpu1["results"]}
+    ptx, blind, native = (codes[f"tensorless-test/{n}-GGUF"] for n in ("ptx", "blind", "native"))
+    assert ptx["status"] == "fail" and "only PTX for sm_60" in ptx["evidence"], ptx
+    assert "labels read from the registry" in ptx["evidence"] and "60-real" in ptx["fix"]
+    assert blind["status"] == "fail" and "fatbins of its libggml-cuda" in blind["evidence"], blind
+    assert native["status"] == "ok" and "machine code for sm_60" in native["evidence"], native
+
+    before = pascal.state(("gpu1",))
+    rc, deployed, out = pascal.run("deploy", "-i", inv, "--limit", "gpu1", "ptx", "--json")
+    assert rc == 1, out
+    (h,) = deployed["hosts"]
+    assert h["outcome"] == "skipped" and h["steps"] == [], h
+    assert [c["id"] for c in h["failed_checks"]] == ["engine.code"], h
+    assert pascal.state(("gpu1",)) == before, "deploy changed gpu1 (an image pulled?)"
+    held = pascal.ssh("gpu1", "podman images --format '{{.Repository}}'").stdout
+    assert "pascal" not in held, held
