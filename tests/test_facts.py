@@ -57,6 +57,7 @@ FACTS: dict[str, Callable[..., Any]] = {
     "kernel-log": nvidia.parse_kernel_log,
     "nvidia-health": nvidia.parse_health_xml,
     "engine-labels": nvidia.parse_engine_labels,
+    "driver-packages": nvidia.parse_driver_packages,
     "survey": host_facts_from_survey,
     "inventory": host_facts_from_inventory,
 }

@@ -7,13 +7,16 @@ import re
 from pathlib import Path
 
 from tensorless_deploy.decisions import cards, guard
+from tensorless_deploy.decisions.checks import Check
+from tensorless_deploy.facts.survey import build_host_facts
+from tensorless_deploy.facts.values import DriverModule, DriverPackages, GpuReport
 from tests.test_docs import doctor_check_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_guard_check_id_is_documented() -> None:
-    ids = {guard.BRANCH, guard.MODULE, guard.ENGINE_CODE, "gpu.responsive"}
+    ids = {guard.BRANCH, guard.MODULE, guard.ENGINE_CODE, guard.LOCK, "gpu.responsive"}
     ids |= set(cards.HEALTH_CHECKS) | {r.check for r in cards.HEALTH_RULES.values()}
     assert ids - doctor_check_ids() == set()
 
@@ -36,7 +39,8 @@ def test_the_ceilings_table_is_the_code() -> None:
 
 
 def test_ceilings_apply_below_their_bound() -> None:
-    assert cards.ceiling_for("6.0") is not None and cards.ceiling_for("6.0").max_branch == 580
+    pascal = cards.ceiling_for("6.0")
+    assert pascal is not None and pascal.max_branch == 580
     assert cards.ceiling_for("7.0").max_branch == 580  # type: ignore[union-attr]
     assert cards.ceiling_for("3.7").max_branch == 470  # type: ignore[union-attr]
     assert cards.ceiling_for("7.5") is None and cards.ceiling_for("9.0") is None
@@ -58,3 +62,34 @@ def test_labels_in_cmake_words() -> None:
     )
     assert guard.label_code({}) is None
     assert re.fullmatch(r".*@sha256:[0-9a-f]{12}", guard.short_image("r/n@sha256:" + "a" * 64))
+
+
+def test_other_branches_is_every_three_digit_number_but_the_branch() -> None:
+    for branch in (100, 470, 535, 580, 590, 909, 999):
+        other = re.compile(guard._other_branches(branch))
+        matched = {n for n in range(100, 1000) if other.fullmatch(str(n))}
+        assert matched == set(range(100, 1000)) - {branch}, branch
+
+
+def _lock(packages: dict[str, str], **seen: object) -> Check | None:
+    facts = build_host_facts(
+        gpus=GpuReport(state="no_devices"),
+        module=DriverModule(loaded=True, version="535.183.01", flavour="proprietary", text=""),
+        driver_packages=DriverPackages.model_validate(
+            {"manager": "apt", "packages": packages, **seen}
+        ),
+    )
+    return guard.driver_lock_check(facts)
+
+
+def test_driver_lock_reads_pin_holds_and_locks() -> None:
+    pkgs = {"nvidia-driver": "535.183.01-1", "libcuda1": "535.183.01-1", "nvidia-ctk": "1.18.0-1"}
+    pin = guard.apt_pin(("libcuda1", "nvidia-driver"), 535)
+    assert (c := _lock(pkgs)) is not None and c.status == "warn" and "prepare" in (c.fix or "")
+    assert (c := _lock(pkgs, pin=pin)) is not None and c.status == "ok", c
+    assert "pinned to branch 535" in c.evidence
+    assert (c := _lock(pkgs, pin=guard.apt_pin(("nvidia-driver",), 535))) is not None
+    assert c.status == "warn" and "does not cover" in c.evidence
+    assert (c := _lock(pkgs, held=["libcuda1", "nvidia-driver"])) is not None and c.status == "ok"
+    assert (c := _lock(pkgs, held=["nvidia-driver"])) is not None and c.status == "warn"
+    assert _lock({"nvidia-ctk": "1.18.0-1"}) is None  # the driver is no package: nothing to lock

@@ -7,7 +7,9 @@ profile each (docs/test-hosts.md), driven through the CLI as an operator would.
   and after over SSH is the same), and does not hang on the wedged one; the healthy P100 passes
   and serves; status shows the cards and the engine's code;
 * engine images in the set's registry whose labels or contents hold only PTX for sm_60: refused
-  at doctor and deploy before any pull; one with sm_60 machine code passes.
+  at doctor and deploy before any pull; one with sm_60 machine code passes;
+* the driver installed as packages from a signed apt repository with newer branches: prepare
+  locks the branch it finds (driver.lock) and never installs, upgrades or removes the driver.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tensorless_deploy.facts.nvidia import DRIVER_PIN_FILE as PIN_FILE
+from tests.hosts.apt_repo import RepoServer, build_repo
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
@@ -207,3 +211,74 @@ def test_an_engine_without_machine_code_for_the_card_is_refused_before_any_pull(
     assert pascal.state(("gpu1",)) == before, "deploy changed gpu1 (an image pulled?)"
     held = pascal.ssh("gpu1", "podman images --format '{{.Repository}}'").stdout
     assert "pascal" not in held, held
+
+
+# The stand-in driver as packages (tests/hosts/apt_repo.py), and how to take them off again.
+DRIVER_SOURCE = "/etc/apt/sources.list.d/tensorless-test-driver.list"
+DRIVER_KEYRING = "/usr/share/keyrings/tensorless-test-driver.gpg"
+UNDRIVER = (
+    "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q nvidia-driver libcuda1 >/dev/null 2>&1; "
+    f"rm -f {DRIVER_SOURCE} {DRIVER_KEYRING} {PIN_FILE} /var/lib/apt/lists/*nvidia-driver*; "
+    "apt-get update -q >/dev/null 2>&1; true"
+)
+
+
+@pytest.fixture
+def driver_repo(tmp_path: Path, hosts_json: dict[str, Any], ssh: SshRunner) -> Iterator[RepoServer]:
+    srv = RepoServer(build_repo(tmp_path / "repo"), hosts_json["gateway"]).start()
+    yield srv
+    ssh("gpu3", UNDRIVER, timeout=120)
+    srv.stop()
+
+
+def test_prepare_locks_the_driver_branch_it_finds_and_never_moves_the_driver(
+    pascal: Pascal, profile: Any, driver_repo: RepoServer
+) -> None:
+    """gpu3, a healthy P100 on 535.183.01 installed from a signed apt repository that also has
+    535.216.03, 580 and 590 (and Ubuntu's nvidia-driver-590): doctor warns driver.lock; prepare
+    writes the pin and installs, upgrades or removes nothing; apt then offers only the 535
+    branch; doctor passes it; a second prepare changes nothing."""
+    profile("gpu3", "p100")
+    key = driver_repo.url + "/gpgkey"
+    sh = pascal.ssh
+    sh("gpu3", f"curl -fsS {key} | gpg --dearmor > {DRIVER_KEYRING} && "
+       f"echo 'deb [signed-by={DRIVER_KEYRING}] {driver_repo.driver_url} ./' > {DRIVER_SOURCE} && "
+       "apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
+       "nvidia-driver=535.183.01-1 libcuda1=535.183.01-1 >/dev/null", timeout=180)  # fmt: skip
+    installed = "dpkg-query -W -f '${Package}=${Version} ' nvidia-driver libcuda1"
+    candidate = "apt-cache policy nvidia-driver | sed -n 's/^ *Candidate: //p'"
+    assert sh("gpu3", candidate).stdout.strip() == "590.44.01-1", "no other branch to move to"
+    inv = str(pascal.inventory)
+
+    rc, report, out = pascal.run("doctor", "-i", inv, "--limit", "gpu3", "tiny", "--json")
+    lock = _checks(report, "gpu3")["driver.lock"]
+    assert rc == 0 and lock["status"] == "warn" and "not locked" in lock["evidence"], lock
+    assert "prepare" in lock["fix"], lock
+
+    rc, first, out = pascal.run("prepare", "-i", inv, "--limit", "gpu3", "--json", timeout=300)
+    assert rc == 0, out
+    (h,) = first["hosts"]
+    done = {s["check"]: s["outcome"] for s in h["steps"]}
+    assert done.get("driver.lock") == "changed", h
+    # never installs, upgrades or removes the driver; apt now keeps it on its branch
+    assert sorted(sh("gpu3", installed).stdout.split()) == [
+        "libcuda1=535.183.01-1",
+        "nvidia-driver=535.183.01-1",
+    ]
+    assert sh("gpu3", candidate).stdout.strip() == "535.216.03-1"
+    for pkg in ("nvidia-driver-590", "nvidia-driver=590.44.01-1", "nvidia-driver=580.159.04-1"):
+        r = sh("gpu3", f"apt-get install -s {pkg}", check=False)
+        assert r.returncode == 100, (pkg, r.stdout)
+    upgrade = sh("gpu3", "apt-get -s dist-upgrade").stdout
+    assert "Inst nvidia-driver [535.183.01-1] (535.216.03-1" in upgrade, upgrade
+
+    rc, report, out = pascal.run("doctor", "-i", inv, "--limit", "gpu3", "tiny", "--json")
+    lock = _checks(report, "gpu3")["driver.lock"]
+    assert rc == 0 and lock["status"] == "ok" and "pinned to branch 535" in lock["evidence"], lock
+
+    pin = sh("gpu3", f"sha256sum {PIN_FILE}").stdout
+    rc, second, out = pascal.run("prepare", "-i", inv, "--limit", "gpu3", "--json", timeout=300)
+    assert rc == 0, out
+    (h,) = second["hosts"]
+    assert "driver.lock" not in {s["check"] for s in h["steps"]}, h
+    assert h["outcome"] == "unchanged" and sh("gpu3", f"sha256sum {PIN_FILE}").stdout == pin

@@ -686,6 +686,10 @@ def host_verdict(
             list(match.usable + match.old_driver) if match is not None else list(facts.gpus.gpus)
         )
         checks += guard.health_checks(facts, scope, all_cards=recipe is None)
+    if facts.source == "host":
+        lock = guard.driver_lock_check(facts)
+        if lock is not None:
+            checks.append(lock)
     engine: EngineName | None = None
     if facts.source == "inventory":
         # offline: inventory data says only what the GPUs are; the rest is unknown, not failed

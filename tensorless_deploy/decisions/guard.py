@@ -27,6 +27,7 @@ from tensorless_deploy.decisions.cards import (
     ceiling_for,
 )
 from tensorless_deploy.decisions.checks import Check
+from tensorless_deploy.facts.nvidia import DRIVER_PIN_FILE as PIN_FILE
 from tensorless_deploy.facts.values import CardHealth, EngineImage, Gpu, HostFacts, XidEvent
 
 # The kernel-module and engine checks' ids (docs/doctor.md lists each with its fix).
@@ -77,6 +78,11 @@ def _driver(facts: HostFacts) -> tuple[str | None, str]:
     if log is not None and log.legacy:
         return log.legacy[0].driver_version, "the kernel log"
     return None, ""
+
+
+def loaded_driver(facts: HostFacts) -> str | None:
+    """The loaded driver's version (the kernel module's first): what driver.lock keeps."""
+    return _driver(facts)[0]
 
 
 def _names(concerned: Sequence[Concerned]) -> str:
@@ -428,3 +434,88 @@ def engine_code_check(arch: str, card_cc: str, image: str, known: EngineImage | 
         f"use an engine built with machine code for {sm} (engine/build.sh "
         f"sm{card_cc.replace('.', '')}: CMAKE_CUDA_ARCHITECTURES={card_cc.replace('.', '')}-real)",
     )
+
+
+# --- the driver's branch, locked ---------------------------------------------------------------
+
+LOCK = "driver.lock"
+
+
+def _other_branches(branch: int) -> str:
+    """A POSIX ERE for every three-digit number but ``branch`` (apt's regexes have no
+    lookahead): 535 -> (5[0-24-9][0-9]|53[0-46-9]|[0-46-9][0-9][0-9])."""
+    digits = str(branch)
+    a, b, c = digits[0], digits[1], digits[2]
+    alts = [
+        f"{a}{b}[0-{int(c) - 1}{int(c) + 1}-9]".replace("[0--1", "[").replace("10-9]", "]"),
+        f"{a}[0-{int(b) - 1}{int(b) + 1}-9][0-9]".replace("[0--1", "[").replace("10-9]", "]"),
+        f"[0-{int(a) - 1}{int(a) + 1}-9][0-9][0-9]".replace("[0--1", "[").replace("10-9]", "]"),
+    ]
+    return "(" + "|".join(alts) + ")"
+
+
+def apt_pin(packages: Sequence[str], branch: int) -> str:
+    """The apt preferences that keep the driver on ``branch``: its installed packages take any
+    version of the branch (updates within it install) and no other; the packages of other
+    branches by name (Ubuntu's nvidia-driver-NNN, Debian's nvidia-tesla-NNN-driver) never install.
+    apt uses the first entry that matches a version (checked with the real apt on the test
+    hosts, tests/test_pascal_hosts.py)."""
+    names = " ".join(packages)
+    other = _other_branches(branch) if 100 <= branch <= 999 else None
+    by_name = (
+        ""
+        if other is None
+        else (
+            "\n"
+            f"Package: /^(lib)?nvidia-[a-z0-9-]*-{other}(-server)?(-open)?$/ "
+            f"/^nvidia-tesla-{other}(-.*)?$/\n"
+            "Pin: version *\n"
+            "Pin-Priority: -1\n"
+        )
+    )
+    return (
+        "# Written by tensorless-deploy prepare (check driver.lock): keep the NVIDIA driver on\n"
+        f"# branch {branch}, where prepare found it. Updates within the branch install; another\n"
+        "# branch never does. To change branches, remove this file (in a maintenance window).\n"
+        f"Package: {names}\n"
+        f"Pin: version /^([0-9]+:)?{branch}\\./\n"
+        "Pin-Priority: 990\n"
+        "\n"
+        f"Package: {names}\n"
+        "Pin: version *\n"
+        "Pin-Priority: -1\n" + by_name
+    )
+
+
+def driver_lock_check(facts: HostFacts) -> Check | None:
+    """driver.lock: the loaded driver's packages are kept on its branch (apt: prepare's pin, or
+    apt-mark holds; dnf: version locks). None: no package of the driver to lock."""
+    pk = facts.driver_packages
+    version, _ = _driver(facts)
+    branch = branch_of(version) if version else None
+    if pk is None or pk.manager is None or version is None or branch is None:
+        return None
+    mine = pk.of_driver(version)
+    if not mine:
+        return None
+    listed = ", ".join(mine)
+    fix = (
+        "tensorless-deploy prepare -i INVENTORY --limit HOST (it locks the branch it finds and "
+        "never installs, upgrades or removes the driver)"
+    )
+    if pk.manager == "apt":
+        if pk.pin == apt_pin(mine, branch):
+            return Check(LOCK, "ok", f"{listed} {version}: pinned to branch {branch} ({PIN_FILE})")
+        if set(mine) <= set(pk.held):
+            return Check(LOCK, "ok", f"{listed} {version}: held (apt-mark hold)")
+        seen = (
+            f"{listed} {version}: not locked; apt may move them to another branch (a "
+            "transitional package of one branch can install the next)"
+        )
+        if pk.pin is not None:
+            seen = f"{PIN_FILE} does not cover {listed} {version} on branch {branch}"
+        return Check(LOCK, "warn", seen, fix)
+    locked = [n for n in mine if any(entry.startswith(f"{n}-") for entry in pk.locks)]
+    if len(locked) == len(mine):
+        return Check(LOCK, "ok", f"{listed} {version}: version-locked (dnf versionlock)")
+    return Check(LOCK, "warn", f"{listed} {version}: not version-locked (dnf)", fix)

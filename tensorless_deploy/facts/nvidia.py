@@ -16,12 +16,14 @@ from .parsers import COMMAND_NOT_FOUND, NVIDIA_SMI_NO_DRIVER, TIMED_OUT
 from .values import (
     CardHealth,
     DriverModule,
+    DriverPackages,
     EngineImage,
     HealthReport,
     KernelLog,
     KernelLogSource,
     LegacyNotice,
     OpenModuleRefusal,
+    PackageManager,
     XidEvent,
 )
 
@@ -285,3 +287,44 @@ def parse_engine_labels(output: str, exit_code: int) -> dict[str, EngineImage]:
             where="the labels of the image the host holds",
         )
     return images
+
+
+# --- the driver's packages -----------------------------------------------------------------------
+
+
+# Where prepare writes the apt pin that keeps the driver on its branch (check driver.lock).
+DRIVER_PIN_FILE = "/etc/apt/preferences.d/tensorless-nvidia-driver"
+
+
+def parse_driver_packages(output: str, exit_code: int) -> DriverPackages:
+    """The survey's ``driver-packages`` section (scripts/driver-packages.sh)."""
+    if exit_code != 0:
+        raise FactError(f"driver packages: exit {exit_code}: {output.strip()[:200]}")
+    manager: PackageManager | None = None
+    packages: dict[str, str] = {}
+    held: list[str] = []
+    locks: list[str] = []
+    pin: list[str] = []
+    for line in output.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "@manager" and rest.strip() == "apt":
+            manager = "apt"
+        elif word == "@manager" and rest.strip() == "dnf":
+            manager = "dnf"
+        elif word == "@pkg":
+            name, _, version = rest.strip().partition(" ")
+            if name and version:
+                packages[name] = version.strip()
+        elif word == "@held" and rest.strip():
+            held.append(rest.strip())
+        elif word == "@lock" and rest.strip():
+            locks.append(rest.strip())
+        elif word == "@pin" or line == "@pin":
+            pin.append(rest)
+    return DriverPackages(
+        manager=manager,
+        packages=packages,
+        held=tuple(held),
+        locks=tuple(locks),
+        pin="".join(f"{p}\n" for p in pin) if pin else None,
+    )

@@ -13,15 +13,17 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
 from .errors import FactError
+from .nvidia import parse_driver_packages
 from .survey import (
     cdi_sections,
     device_sections,
+    driver_packages_section,
     read_cdi_specs,
     read_devices,
     split_sections,
     survey_script,
 )
-from .values import CDI_GPU_KIND
+from .values import CDI_GPU_KIND, DriverPackages
 
 # Where the toolkit (1.18 and later) installs its refresh units, and where ours go.
 TOOLKIT_UNIT_DIRS = ("/usr/lib/systemd/system", "/lib/systemd/system")
@@ -130,3 +132,19 @@ class CdiRefresh(FactBase[RefreshState]):
             "our_path_sha256": seen.get("our_path_sha256") or None,
             "our_path_enabled": seen.get("our_path_enabled", ""),
         }
+
+
+class DriverPackagesFact(FactBase[dict[str, Any]]):
+    """The driver's packages and their holds, locks and pin (the survey's own section), as
+    plain data (DriverPackages dumped)."""
+
+    def command(self) -> str:
+        return survey_script([driver_packages_section()])
+
+    def process(self, output: Iterable[str]) -> dict[str, Any]:
+        try:
+            section = _sections(output)["driver-packages"]
+            found: DriverPackages = parse_driver_packages(section.text, section.exit_code)
+            return found.model_dump(mode="json")
+        except (FactError, KeyError) as exc:
+            raise FactProcessError(f"driver packages: {exc}") from exc

@@ -22,6 +22,8 @@ from tensorless_deploy.recipe.text import CONTROL
 
 from .errors import FactError
 from .nvidia import (
+    DRIVER_PIN_FILE,
+    parse_driver_packages,
     parse_engine_labels,
     parse_health_xml,
     parse_kernel_log,
@@ -55,6 +57,7 @@ from .values import (
     ContainerToolkit,
     DiskSpace,
     DriverModule,
+    DriverPackages,
     EngineImage,
     GpuApp,
     GpuReport,
@@ -114,6 +117,12 @@ def gpu_app_sections() -> tuple[Section, ...]:
     return (Section("gpu-apps", shell.load("tensorless_deploy.facts", "gpu-apps")),)
 
 
+def driver_packages_section() -> Section:
+    """The driver's packages, their holds and locks, and tensorless-deploy's apt pin file."""
+    script = shell.load("tensorless_deploy.facts", "driver-packages")
+    return Section("driver-packages", shell.bind(script, pin_file=DRIVER_PIN_FILE))
+
+
 def driver_sections() -> tuple[Section, ...]:
     """The loaded kernel module, the driver's NVRM lines since boot, and the cards' health."""
     return (
@@ -123,6 +132,7 @@ def driver_sections() -> tuple[Section, ...]:
         ),
         Section("kernel-nvrm", shell.load("tensorless_deploy.facts", "kernel-log")),
         Section("nvidia-health", f"{_need('nvidia-smi')}; nvidia-smi -q -x"),
+        driver_packages_section(),
         Section(
             "engine-labels",
             f"{_need('podman')}; podman images --no-trunc --digests --format "
@@ -338,6 +348,11 @@ def read_health(sections: Mapping[str, SectionOutput]) -> HealthReport:
     return parse_health_xml(health.text, health.exit_code)
 
 
+def read_driver_packages(sections: Mapping[str, SectionOutput]) -> DriverPackages:
+    packages = _section(sections, "driver-packages")
+    return parse_driver_packages(packages.text, packages.exit_code)
+
+
 def read_engine_labels(sections: Mapping[str, SectionOutput]) -> dict[str, EngineImage]:
     images = _section(sections, "engine-labels")
     return parse_engine_labels(images.text, images.exit_code)
@@ -431,6 +446,7 @@ def build_host_facts(
     kernel_log: KernelLog | None = None,
     health: HealthReport | None = None,
     engine_images: Mapping[str, EngineImage] | None = None,
+    driver_packages: DriverPackages | None = None,
     problems: Sequence[str] = (),
     source: Source = "host",
 ) -> HostFacts:
@@ -458,6 +474,7 @@ def build_host_facts(
             "kernel_log": kernel_log,
             "health": health,
             "engine_images": None if engine_images is None else dict(engine_images),
+            "driver_packages": driver_packages,
             "problems": tuple(problems),
         }
     )
@@ -498,6 +515,9 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         health=read("nvidia-health", read_health) if "nvidia-health" in sections else None,
         engine_images=read("engine-labels", read_engine_labels)
         if "engine-labels" in sections
+        else None,
+        driver_packages=read("driver-packages", read_driver_packages)
+        if "driver-packages" in sections
         else None,
         problems=problems,
     )

@@ -428,6 +428,31 @@ class CardHealth(FactModel):
     recovery_action: str | None = None  # the driver's own advice (580+): "None", "GPU Reset"
 
 
+PackageManager = Literal["apt", "dnf"]
+
+
+class DriverPackages(FactModel):
+    """The driver's packages as the host's package manager knows them, and what holds them: apt
+    holds (``apt-mark showhold``), dnf version locks, and the lines of tensorless-deploy's own apt
+    pin file. ``manager`` None: neither dpkg nor rpm here."""
+
+    manager: PackageManager | None
+    packages: dict[str, str] = {}  # name -> installed version ("535.183.01-1", "3:580.65.06-1")
+    held: tuple[str, ...] = ()
+    locks: tuple[str, ...] = ()  # dnf versionlock entries, as it lists them
+    pin: str | None = None  # tensorless-deploy's apt pin file (None: not there)
+
+    def of_driver(self, version: str) -> tuple[str, ...]:
+        """The packages of this driver version (their version, past any epoch, starts with
+        it): what a lock must keep."""
+        out = []
+        for name, have in sorted(self.packages.items()):
+            bare = have.split(":", 1)[1] if re.match(r"[0-9]+:", have) else have
+            if bare == version or bare.startswith((version + "-", version + "+", version + "~")):
+                out.append(name)
+        return tuple(out)
+
+
 EngineImageSource = Literal["host", "registry"]
 
 
@@ -559,6 +584,7 @@ class HostFacts(FactModel):
     health: HealthReport | None = None
     # engine images the host holds (its labels), and those read from their registry for it
     engine_images: dict[str, EngineImage] | None = None
+    driver_packages: DriverPackages | None = None
     problems: tuple[str, ...] = ()
 
     @computed_field  # type: ignore[prop-decorator]

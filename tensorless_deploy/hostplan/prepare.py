@@ -15,13 +15,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tensorless_deploy.decisions.cards import branch_of
 from tensorless_deploy.decisions.checks import Check
+from tensorless_deploy.decisions.guard import apt_pin, loaded_driver
 from tensorless_deploy.decisions.options import (
     DATA_TOOLKIT_KEY,
     DATA_TOOLKIT_REPO,
     DATA_TOOLKIT_VERSION,
 )
 from tensorless_deploy.errors import InventoryError, UsageError
+from tensorless_deploy.facts.nvidia import DRIVER_PIN_FILE
 from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.recipe.schema import Recipe
@@ -39,9 +42,16 @@ UVM = "gpu.uvm"
 CHAR_LINKS = "gpu.char_links"
 SELINUX = "selinux.devices"
 MODELS = "disk.model"
-STEP_ORDER = (ENGINE, TOOLKIT, CDI, UVM, CHAR_LINKS, SELINUX, MODELS)
+DRIVER_LOCK = "driver.lock"
+STEP_ORDER = (ENGINE, TOOLKIT, CDI, UVM, CHAR_LINKS, SELINUX, MODELS, DRIVER_LOCK)
 # A failed check among these means the host cannot serve at all: prepare changes nothing there.
-DRIVER_CHECKS = ("driver.present", "driver.loaded", "driver.version")
+DRIVER_CHECKS = (
+    "driver.present",
+    "driver.loaded",
+    "driver.version",
+    "driver.branch",
+    "driver.module",
+)
 STOPS = (*DRIVER_CHECKS, "gpu.responsive", "card.match", "systemd.pid1", "recipe.state")
 # The SELinux type the models directory gets where SELinux is enforcing: the units mount it
 # read-only, and a container may read files of this type.
@@ -234,6 +244,10 @@ def prepare_host(
         )
     if SELINUX in failed:
         steps[SELINUX] = Step(SELINUX, "SELinux boolean container_use_devices on, persistent")
+    if DRIVER_LOCK in failed:
+        lock = driver_lock_step(facts)
+        if lock is not None:
+            steps[DRIVER_LOCK] = lock
     enforcing = facts.selinux is not None and facts.selinux.mode == "enforcing"
     models = plan.options.models_dir
     steps[MODELS] = Step(
@@ -244,6 +258,27 @@ def prepare_host(
     )
     ordered = tuple(steps[c] for c in STEP_ORDER if c in steps)
     return HostPrep(plan.host, ordered, _left(bad, set(steps) - {MODELS}, engine_docker))
+
+
+def driver_lock_step(facts: HostFacts) -> Step | None:
+    """Lock the driver's branch as found: its packages (those of the loaded driver's version)
+    pinned by apt preferences (guard.apt_pin) or version-locked by dnf. None: nothing to lock."""
+    pk = facts.driver_packages
+    version = loaded_driver(facts)
+    branch = branch_of(version) if version else None
+    if pk is None or pk.manager is None or version is None or branch is None:
+        return None
+    names = pk.of_driver(version)
+    if not names:
+        return None
+    if pk.manager == "apt":
+        action = f"pin {', '.join(names)} to branch {branch} ({DRIVER_PIN_FILE})"
+        args: dict[str, Any] = {"pin": apt_pin(names, branch)}
+    else:
+        specs = [f"{n}-{pk.packages[n]}" for n in names]
+        action = f"dnf versionlock {', '.join(specs)}"
+        args = {"specs": specs}
+    return Step(DRIVER_LOCK, action, {"manager": pk.manager, **args})
 
 
 def _left(bad: Sequence[Check], fixed: set[str], engine_docker: bool = False) -> tuple[Left, ...]:

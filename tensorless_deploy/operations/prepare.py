@@ -30,6 +30,7 @@ from pyinfra.facts.server import KernelModules, Which
 from pyinfra.operations import apt, dnf, files, selinux, server
 from pyinfra.operations.selinux import Boolean
 
+from tensorless_deploy.facts.nvidia import DRIVER_PIN_FILE
 from tensorless_deploy.facts.prepare import (
     OUR_REFRESH_PATH,
     OUR_REFRESH_SERVICE,
@@ -37,6 +38,7 @@ from tensorless_deploy.facts.prepare import (
     TOOLKIT_REFRESH_PATH,
     TOOLKIT_UNIT_DIRS,
     CdiRefresh,
+    DriverPackagesFact,
     GpuCdiSpecs,
     NvidiaNodes,
 )
@@ -44,6 +46,7 @@ from tensorless_deploy.facts.pyinfra import FileSha256
 from tensorless_deploy.hostplan.prepare import (
     CDI,
     CHAR_LINKS,
+    DRIVER_LOCK,
     ENGINE,
     MODELS,
     MODELS_LABEL,
@@ -397,6 +400,44 @@ def models_dir(path: str, selinux_label: bool = False) -> Commands:
             yield StringCommand("restorecon", "-R", path)
 
 
+@operation()
+def driver_lock(manager: str, pin: str | None = None, specs: Sequence[str] = ()) -> Commands:
+    """
+    Keep the NVIDIA driver on the branch it is on (check driver.lock).
+
+    Never installs, upgrades or removes the driver. apt: the pin file
+    ``/etc/apt/preferences.d/tensorless-nvidia-driver`` (``pin``, from
+    ``decisions.guard.apt_pin``): the driver's installed packages take versions of their branch
+    only, and other branches' packages (by name) never install; written only when its sha256
+    differs. dnf: ``dnf versionlock add`` of the installed versions (``specs``) not locked yet,
+    with the versionlock command installed first where dnf lacks it.
+
+    + manager: ``apt`` or ``dnf``, as the survey found
+    + pin: (apt) the pin file's text
+    + specs: (dnf) NAME-VERSION of each package to lock
+
+    **Example:**
+
+    .. code:: python
+
+        from tensorless_deploy.operations import prepare
+
+        prepare.driver_lock(name="driver.lock", manager="apt", pin=text)
+    """
+    if manager == "apt":
+        if pin is None:
+            raise OperationError("driver_lock: apt needs the pin file's text")
+        yield from _file(DRIVER_PIN_FILE, pin)
+        return
+    have = host.get_fact(DriverPackagesFact)
+    todo = [s for s in specs if not any(lock.startswith(s) for lock in have.get("locks", []))]
+    if todo:
+        yield StringCommand(
+            "dnf versionlock list >/dev/null 2>&1 || dnf -y install 'dnf-command(versionlock)'"
+        )
+        yield StringCommand("dnf", "versionlock", "add", *todo)
+
+
 OPERATIONS: dict[str, Callable[..., Any]] = {
     ENGINE: podman,
     TOOLKIT: toolkit,
@@ -405,6 +446,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     CHAR_LINKS: char_links,
     SELINUX: selinux_devices,
     MODELS: models_dir,
+    DRIVER_LOCK: driver_lock,
 }
 
 Steps = MutableMapping[str, dict[str, Any]]  # host -> check id -> OperationMeta

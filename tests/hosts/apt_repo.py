@@ -14,6 +14,12 @@ a postinst that enables them, as the real package does; ``nvidia-container-toolk
 ``libnvidia-container-tools`` and ``libnvidia-container1`` hold only their dependencies and a
 README (their real binaries would need a GPU too). Built with ``dpkg-deb --build``, indexed
 here (Packages with sizes and hashes, Release), signed with a throwaway ed25519 key by ``gpg``.
+
+Beside it, signed by the same key, a flat repository of the stand-in driver's packages
+(``nvidia-driver/deb/$(ARCH)/``): Debian's ``nvidia-driver`` and ``libcuda1`` at real releases of
+the 535, 580 and 590 branches and Ubuntu's ``nvidia-driver-590``, holding only a README (the
+stand-in driver's files come from the host profiles), so that the driver is a package apt and
+dpkg know, for prepare's driver.lock to hold.
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ CTK_COMMIT = "f202b80a9b9d0db00d9b1d73c0128c8962c55f4d"  # stand-in commit id (g
 KEY_UID = "tensorless test toolkit repository <toolkit-repo@tensorless.invalid>"
 MAINTAINER = "tensorless-deploy tests (stand-in of NVIDIA's package) <tests@tensorless.invalid>"
 BASE_PATH = "libnvidia-container"  # the repository's path under the server, as on NVIDIA's
+# The stand-in driver's packages (a flat repository beside the toolkit's, signed by the same key):
+# Debian's names (nvidia-driver, libcuda1) at real releases of three branches, and one of
+# Ubuntu's per-branch names, so that apt has another branch to move to (prepare's driver.lock).
+DRIVER_PATH = "nvidia-driver"
+DRIVER_VERSIONS = ("535.183.01-1", "535.216.03-1", "580.159.04-1", "590.44.01-1")
+DRIVER_BRANCH_PACKAGES = ("nvidia-driver-590",)  # Ubuntu's name for the 590 branch's metapackage
 
 # Modelled on the units toolkit 1.18 installs: regenerate /var/run/cdi/nvidia.yaml at boot and
 # whenever depmod rewrites modules.dep (a driver installed or removed), only where an NVIDIA
@@ -198,6 +210,40 @@ def toolkit_packages(version: str) -> list[Package]:
     ]
 
 
+def driver_packages(version: str) -> list[Package]:
+    """The driver's two packages at one version (Debian's names): the stand-in driver's files
+    come from the host profiles, so these hold only a README; what matters is that dpkg and apt
+    know them, at real version numbers, for holds and pins."""
+    doc = "usr/share/doc/{}/README.tensorless-standin"
+    return [
+        Package(
+            "libcuda1",
+            version,
+            description="NVIDIA CUDA Driver Library (stand-in)",
+            files={doc.format("libcuda1"): (_readme("libcuda1"), 0o644)},
+        ),
+        Package(
+            "nvidia-driver",
+            version,
+            depends=f"libcuda1 (= {version})",
+            description="NVIDIA metapackage (stand-in)",
+            files={doc.format("nvidia-driver"): (_readme("nvidia-driver"), 0o644)},
+        ),
+    ]
+
+
+def branch_package(name: str) -> Package:
+    """Ubuntu's per-branch metapackage (nvidia-driver-590): another branch by name."""
+    branch = name.rsplit("-", 1)[1]
+    version = next(v for v in DRIVER_VERSIONS if v.startswith(f"{branch}."))
+    return Package(
+        name,
+        version.replace("-1", "-0ubuntu1"),
+        description=f"NVIDIA driver metapackage, branch {branch} (stand-in)",
+        files={f"usr/share/doc/{name}/README.tensorless-standin": (_readme(name), 0o644)},
+    )
+
+
 def build_deb(pkg: Package, out: Path) -> Path:
     """``dpkg-deb --build`` of one package (root-owned files) into out/NAME_VERSION_ARCH.deb."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -293,7 +339,8 @@ def _gpg(home: Path, *args: str, stdin: bytes | None = None) -> bytes:
 
 @dataclass(frozen=True)
 class ToolkitRepo:
-    """A built repository: serve ``root``; its base is ``root/BASE_PATH``."""
+    """A built repository: serve ``root``; its base is ``root/BASE_PATH``; the driver's flat
+    repository, signed by the same key (``gpgkey``), is at ``root/DRIVER_PATH/deb/ARCH``."""
 
     root: Path
     versions: tuple[str, ...]
@@ -304,19 +351,28 @@ class ToolkitRepo:
         return self.root / BASE_PATH
 
 
+def _index(repo: Path, debs: list[Path]) -> None:
+    index = packages_index(debs).encode()
+    (repo / "Packages").write_bytes(index)
+    (repo / "Packages.gz").write_bytes(gzip.compress(index, mtime=0))
+    (repo / "Release").write_text(release_file(repo, ["Packages", "Packages.gz"]))
+
+
 def build_repo(root: Path, versions: tuple[str, ...] = TOOLKIT_VERSIONS) -> ToolkitRepo:
-    """Build the repository under root: BASE_PATH/gpgkey and BASE_PATH/stable/deb/ARCH/."""
+    """Build the repositories under root: BASE_PATH/gpgkey and BASE_PATH/stable/deb/ARCH/ (the
+    toolkit), DRIVER_PATH/deb/ARCH/ (the stand-in driver's packages)."""
     for tool in ("dpkg-deb", "gpg"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"apt_repo: {tool} is needed (apt-get install dpkg gnupg)")
     base = root / BASE_PATH
     repo = base / "stable" / "deb" / ARCH
     repo.mkdir(parents=True, exist_ok=True)
-    debs = [build_deb(p, repo) for v in versions for p in toolkit_packages(v)]
-    index = packages_index(debs).encode()
-    (repo / "Packages").write_bytes(index)
-    (repo / "Packages.gz").write_bytes(gzip.compress(index, mtime=0))
-    (repo / "Release").write_text(release_file(repo, ["Packages", "Packages.gz"]))
+    _index(repo, [build_deb(p, repo) for v in versions for p in toolkit_packages(v)])
+    driver = root / DRIVER_PATH / "deb" / ARCH
+    driver.mkdir(parents=True, exist_ok=True)
+    pkgs = [p for v in DRIVER_VERSIONS for p in driver_packages(v)]
+    pkgs += [branch_package(n) for n in DRIVER_BRANCH_PACKAGES]
+    _index(driver, [build_deb(p, driver) for p in pkgs])
     home = Path(tempfile.mkdtemp(prefix="tl-apt-gpg-"))
     try:
         home.chmod(0o700)
@@ -324,19 +380,20 @@ def build_repo(root: Path, versions: tuple[str, ...] = TOOLKIT_VERSIONS) -> Tool
         listing = _gpg(home, "--with-colons", "--list-keys").decode()
         fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr"))
         (base / "gpgkey").write_bytes(_gpg(home, "--armor", "--export", fpr))
-        release = repo / "Release"
-        for args in (
-            ["--digest-algo", "SHA512", "--clearsign", "-o", str(repo / "InRelease")],
-            [
-                "--digest-algo",
-                "SHA512",
-                "--detach-sign",
-                "--armor",
-                "-o",
-                str(repo / "Release.gpg"),
-            ],
-        ):
-            _gpg(home, "--yes", "--local-user", fpr, *args, str(release))
+        for flat in (repo, driver):
+            release = flat / "Release"
+            for args in (
+                ["--digest-algo", "SHA512", "--clearsign", "-o", str(flat / "InRelease")],
+                [
+                    "--digest-algo",
+                    "SHA512",
+                    "--detach-sign",
+                    "--armor",
+                    "-o",
+                    str(flat / "Release.gpg"),
+                ],
+            ):
+                _gpg(home, "--yes", "--local-user", fpr, *args, str(release))
     finally:
         shutil.rmtree(home, ignore_errors=True)
     return ToolkitRepo(root, versions, fpr)
@@ -374,6 +431,12 @@ class RepoServer(http.server.ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}/{BASE_PATH}"
+
+    @property
+    def driver_url(self) -> str:
+        """The driver's flat repository: ``deb [signed-by=KEY] URL ./``."""
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}/{DRIVER_PATH}/deb/{ARCH}"
 
     def start(self) -> RepoServer:
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
