@@ -55,6 +55,7 @@ def test_gpu_apps_read_from_the_survey_section() -> None:
     )
     assert parse_gpu_apps("", 0) == ()
     assert parse_gpu_apps("NVIDIA-SMI has failed", 3) is None  # unknown, not "none"
+    assert parse_gpu_apps("", 124) is None  # nvidia-smi hung: gpu.responsive names it
 
 
 def test_a_full_card_gets_no_instance_and_every_command_says_why_with_the_same_numbers(

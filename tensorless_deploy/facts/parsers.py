@@ -730,8 +730,9 @@ _APP_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{8,64}")
 
 def parse_gpu_apps(output: str, exit_code: int) -> tuple[GpuApp, ...] | None:
     """The survey's ``gpu-apps`` section (scripts/gpu-apps.sh): one ``@app UUID PID MIB NAME``
-    line per compute process; None when nvidia-smi could not list them (exit 3)."""
-    if exit_code == 3:
+    line per compute process; None when nvidia-smi could not list them (exit 3) or did not answer
+    within the survey's bound (a hung NVML: the nvidia-smi section's gpu.responsive says so)."""
+    if exit_code == 3 or exit_code in TIMED_OUT:
         return None
     if exit_code != 0:
         raise FactError(f"gpu apps: the survey section exited {exit_code}: {output.strip()}")
