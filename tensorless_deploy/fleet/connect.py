@@ -26,6 +26,11 @@ def new_state(inventory: Any) -> Any:
 
     # pyinfra logs every connection and command; our own output says what matters.
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+    # A host keeps the order of the operations added to it (op_hash_order) across states: a
+    # second state on the same inventory (maintain end's phases, a roll's next batch) would
+    # order its operations by the previous state's, which it does not know (KeyError).
+    for host in inventory:
+        host.op_hash_order = []
     return State(inventory, Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_S))
 
 
