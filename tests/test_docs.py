@@ -61,6 +61,7 @@ COVERED = [
     "docs/field-notes.md",
     "docs/install.md",
     "docs/kubernetes.md",
+    "docs/maintain.md",
     "docs/plan.md",
     "docs/prepare.md",
     "docs/pyinfra.md",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic_core import to_jsonable_python
 
-from tensorless_deploy.facts import nvidia, parsers
+from tensorless_deploy.facts import maintain, nvidia, parsers
 from tensorless_deploy.facts.errors import FactError
 from tensorless_deploy.facts.survey import host_facts_from_inventory, host_facts_from_survey
 from tensorless_deploy.facts.values import HostFacts, blocking_listeners
@@ -58,6 +58,7 @@ FACTS: dict[str, Callable[..., Any]] = {
     "nvidia-health": nvidia.parse_health_xml,
     "engine-labels": nvidia.parse_engine_labels,
     "driver-packages": nvidia.parse_driver_packages,
+    "maintenance": maintain.parse_maintenance,
     "survey": host_facts_from_survey,
     "inventory": host_facts_from_inventory,
 }

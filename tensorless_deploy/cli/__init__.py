@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "bench",
     "export",
     "gate",
+    "maintain",
 )
 # Which module registers each command: a run of one command imports and builds only that
 # module's parsers (start-up time); --help, no command or an unknown one build them all.
@@ -54,6 +55,7 @@ COMMANDS = {
     "bench": "bench",
     "export": "export",
     "gate": "gate",
+    "maintain": "maintain",
 }
 
 

@@ -40,7 +40,7 @@ def _key_from(path: str | None, what: str) -> str | None:
         raise UsageError(f"{what}: {exc}") from None
 
 
-def _result(
+def bench_result(
     name: str, entry: Entry, summary: Summary, tuned: bool | None, args: argparse.Namespace
 ) -> dict[str, Any]:
     from tensorless_deploy.local.bench import compare
@@ -77,7 +77,7 @@ def _result(
     }
 
 
-def _print(res: dict[str, Any]) -> None:
+def print_bench_result(res: dict[str, Any]) -> None:
     d, p = res["decode_tps"], res["prefill_tps"]
     label = {True: "tuned", False: paint("UNTUNED", "1;33"), None: "tuning unknown"}[res["tuned"]]
     print(
@@ -122,7 +122,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     failed: list[str] = []
     try:
         if args.inventory:
-            targets = _inventory_targets(args, entry, cleanup, failed)
+            targets = inventory_targets(args, entry, cleanup, failed)
         else:
             host, port, secure = (
                 _target_url(args.url) if args.url else ("127.0.0.1", args.port, False)
@@ -140,7 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             except BenchError as exc:
                 failed.append(f"{name}: {exc.lines()[0]}")
                 continue
-            results.append(_result(name, entry, summary, tuned, args))
+            results.append(bench_result(name, entry, summary, tuned, args))
             if args.receipt:
                 date = datetime.date.today().isoformat()
                 sys.stdout.write(
@@ -161,7 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     elif not args.receipt:
         for res in results:
-            _print(res)
+            print_bench_result(res)
     for line in failed:
         print(line, file=sys.stderr)
     if failed:
@@ -172,7 +172,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 Target = tuple[str, "Connect", "bool | None", Any]
 
 
-def _inventory_targets(
+def inventory_targets(
     args: argparse.Namespace, entry: Entry, cleanup: list[Any], failed: list[str]
 ) -> list[Target]:
     """One target per host serving the recipe, each through an SSH direct-tcpip channel to the

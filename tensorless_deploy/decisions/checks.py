@@ -22,7 +22,7 @@ from tensorless_deploy.decisions.options import (
     pem_text,
 )
 from tensorless_deploy.facts.survey import PROBE_TIMEOUT_S
-from tensorless_deploy.facts.values import QUADLET_MIN_PODMAN, Gpu, HostFacts
+from tensorless_deploy.facts.values import QUADLET_MIN_PODMAN, Gpu, HostFacts, MaintenanceRecord
 from tensorless_deploy.recipe.schema import Recipe
 
 QUADLET_MIN = ".".join(map(str, QUADLET_MIN_PODMAN))
@@ -633,6 +633,23 @@ def _servable(
     return tuple(path for path, r in catalog if match_gpus(r, facts.gpus.gpus).usable)
 
 
+MAINTENANCE = "host.maintenance"
+
+
+def maintenance_check(record: MaintenanceRecord) -> Check:
+    """host.maintenance: a maintenance window is open (maintain begin): the host's units are
+    stopped and kept from starting; nothing is deployed there until maintain end."""
+    units = ", ".join(u.name for u in record.units) or "no unit"
+    return Check(
+        MAINTENANCE,
+        "fail",
+        f"in a maintenance window since {record.began} (begun by {record.by}, driver "
+        f"{record.driver or 'unknown'}): {units} stopped and kept from starting",
+        "finish the window once the driver is updated: tensorless-deploy maintain end -i "
+        "INVENTORY --limit HOST (docs/maintain.md)",
+    )
+
+
 def host_verdict(
     facts: HostFacts,
     recipe: Recipe | None,
@@ -690,6 +707,8 @@ def host_verdict(
         lock = guard.driver_lock_check(facts)
         if lock is not None:
             checks.append(lock)
+        if facts.maintenance is not None:
+            checks.append(maintenance_check(facts.maintenance))
     engine: EngineName | None = None
     if facts.source == "inventory":
         # offline: inventory data says only what the GPUs are; the rest is unknown, not failed

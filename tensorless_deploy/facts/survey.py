@@ -21,6 +21,7 @@ from tensorless_deploy.hub import DEFAULT_MODELS_DIR, host_state_dir
 from tensorless_deploy.recipe.text import CONTROL
 
 from .errors import FactError
+from .maintain import MAINTENANCE_RECORD, parse_maintenance
 from .nvidia import (
     DRIVER_PIN_FILE,
     parse_driver_packages,
@@ -66,6 +67,7 @@ from .values import (
     InitSystem,
     KernelLog,
     Listener,
+    MaintenanceRecord,
     NvidiaDevices,
     Selinux,
     Source,
@@ -229,6 +231,12 @@ def port_sections() -> tuple[Section, ...]:
     return (Section("ports", f"{_need('ss')}; ss -Hltn 2>/dev/null || ss -ltn"),)
 
 
+def maintenance_sections() -> tuple[Section, ...]:
+    """The maintenance window's record, when one is open (facts.maintain)."""
+    rec = shlex.quote(MAINTENANCE_RECORD)
+    return (Section("maintenance", f"[ -f {rec} ] || exit 0; cat {rec}"),)
+
+
 def all_sections(
     models_dir: str = DEFAULT_MODELS_DIR, cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS
 ) -> tuple[Section, ...]:
@@ -246,6 +254,7 @@ def all_sections(
         *disk_sections(models_dir),
         *port_sections(),
         *tool_sections(models_dir),
+        *maintenance_sections(),
     )
 
 
@@ -348,6 +357,11 @@ def read_health(sections: Mapping[str, SectionOutput]) -> HealthReport:
     return parse_health_xml(health.text, health.exit_code)
 
 
+def read_maintenance(sections: Mapping[str, SectionOutput]) -> MaintenanceRecord | None:
+    record = _section(sections, "maintenance")
+    return parse_maintenance(record.text, record.exit_code)
+
+
 def read_driver_packages(sections: Mapping[str, SectionOutput]) -> DriverPackages:
     packages = _section(sections, "driver-packages")
     return parse_driver_packages(packages.text, packages.exit_code)
@@ -447,6 +461,7 @@ def build_host_facts(
     health: HealthReport | None = None,
     engine_images: Mapping[str, EngineImage] | None = None,
     driver_packages: DriverPackages | None = None,
+    maintenance: MaintenanceRecord | None = None,
     problems: Sequence[str] = (),
     source: Source = "host",
 ) -> HostFacts:
@@ -475,6 +490,7 @@ def build_host_facts(
             "health": health,
             "engine_images": None if engine_images is None else dict(engine_images),
             "driver_packages": driver_packages,
+            "maintenance": maintenance,
             "problems": tuple(problems),
         }
     )
@@ -519,6 +535,7 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         driver_packages=read("driver-packages", read_driver_packages)
         if "driver-packages" in sections
         else None,
+        maintenance=read("maintenance", read_maintenance) if "maintenance" in sections else None,
         problems=problems,
     )
 

@@ -453,6 +453,28 @@ class DriverPackages(FactModel):
         return tuple(out)
 
 
+class HeldUnit(FactModel):
+    """One unit a maintenance window stopped: what ``maintain end`` starts again, health-gated."""
+
+    name: str  # the unit's name (its service is NAME.service)
+    path: str  # its file
+    active: str  # systemd's ActiveState when the window began ("active": start it at the end)
+    health_url: str | None = None
+    model: str | None = None
+    card: str | None = None
+    recipe_digest: str | None = None
+
+
+class MaintenanceRecord(FactModel):
+    """What ``maintain begin`` saw on the host, kept there until ``maintain end``."""
+
+    began: str  # UTC, ISO 8601
+    by: str  # user@machine that began it
+    driver: str | None = None  # the loaded driver (kernel module first)
+    flavour: str | None = None  # proprietary or open
+    units: tuple[HeldUnit, ...] = ()
+
+
 EngineImageSource = Literal["host", "registry"]
 
 
@@ -585,6 +607,7 @@ class HostFacts(FactModel):
     # engine images the host holds (its labels), and those read from their registry for it
     engine_images: dict[str, EngineImage] | None = None
     driver_packages: DriverPackages | None = None
+    maintenance: MaintenanceRecord | None = None  # a maintenance window is open (maintain begin)
     problems: tuple[str, ...] = ()
 
     @computed_field  # type: ignore[prop-decorator]

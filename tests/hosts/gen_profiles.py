@@ -125,11 +125,14 @@ PROC_VERSION = (
     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  {built}\n"
     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14) \n"
 )
+# the build stamp of each module (when it was built on its host: a value, in the real format)
 BUILT = {
     "535.183.01": "Sun May 12 19:39:15 UTC 2024",
     "580.159.04": "Wed Apr 29 17:32:45 UTC 2026",
     "590.44.01": "Tue Nov 25 00:09:43 UTC 2025",
     "515.105.01": "Wed Mar 22 17:12:31 UTC 2023",
+    # as a public parser test quotes the real line (code index id 67147789393)
+    "535.216.03": "Thu Apr  3 01:14:19 UTC 2025",
 }
 NO_DEVICES = "No devices were found\n"  # nvidia-smi's words, exit 6 (NVML "not found")
 
@@ -795,7 +798,9 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
         "files": pair_files,
     }
     # --- the Pascal guard (docs/test-hosts.md): what breaks old P100 fleets, one profile each
-    d590 = "590.44.01"  # a real 590 release (the telegraf fixtures' RTX 3090 ran it)
+    # a real 590 release: the driver CUDA 13.1.0 bundles (cuda 13.1.0+590.44.01 in
+    # https://github.com/AOSC-Dev/aosc-os-abbs/pull/14102)
+    d590 = "590.44.01"
     kmsg = f"{STANDIN}/driver/kmsg"
     # a 590 driver: it loads, ignores the P100 (kernel log), and nvidia-smi sees no card
     profiles["p100-590"] = {
@@ -861,6 +866,21 @@ def build(fixtures: Path) -> dict[str, dict[str, Any]]:
         | {f"{STANDIN}/smi/hang": "nvidia-smi on this stand-in never answers\n"}
         | toolkit(p, d535)
         | libs(d535),
+    }
+    # the same P100 after its driver was updated within the branch (a maintenance window:
+    # docs/maintain.md): 535.216.03 loaded, the CDI spec still the one generated for 535.183.01
+    d535_new = "535.216.03"
+    profiles["p100-updated"] = {
+        "meta": meta(
+            "one Tesla P100-PCIE-16GB, driver updated 535.183.01 -> 535.216.03, CDI spec stale",
+            p,
+            d535_new,
+            cdi_specs=["/etc/cdi/nvidia.yaml"],
+            cdi_spec_driver=d535,
+        ),
+        "files": smi(p, d535_new, plain_535(p, d535_new))
+        | toolkit(p, d535_new, spec_driver=d535)
+        | libs(d535_new),
     }
     return profiles
 
