@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import re
+import sys
 import tarfile
 import urllib.error
 import urllib.parse
@@ -68,10 +69,10 @@ def _conf_files() -> list[Path]:
 
 def insecure_registries(files: Iterable[Path] | None = None) -> set[str]:
     """The locations marked ``insecure = true`` in registries.conf (v2, TOML)."""
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib as toml
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as toml  # type: ignore[no-redef]
+    else:  # pragma: no cover - exercised on 3.10 controllers
+        import tomli as toml
     out: set[str] = set()
     for path in _conf_files() if files is None else files:
         try:
