@@ -93,3 +93,10 @@ def test_driver_lock_reads_pin_holds_and_locks() -> None:
     assert (c := _lock(pkgs, held=["libcuda1", "nvidia-driver"])) is not None and c.status == "ok"
     assert (c := _lock(pkgs, held=["nvidia-driver"])) is not None and c.status == "warn"
     assert _lock({"nvidia-ctk": "1.18.0-1"}) is None  # the driver is no package: nothing to lock
+
+
+def test_dnf_lock_lines_name_their_package_only() -> None:
+    assert guard.dnf_locks("nvidia-driver-3:580.65.06-1.el9.*", "nvidia-driver")
+    assert not guard.dnf_locks("nvidia-driver-libs-3:580.65.06-1.el9.*", "nvidia-driver")
+    assert guard.dnf_locks('name = "nvidia-driver"', "nvidia-driver")  # dnf 5's toml
+    assert not guard.dnf_locks('name = "nvidia-driver-libs"', "nvidia-driver")

@@ -487,6 +487,15 @@ def apt_pin(packages: Sequence[str], branch: int) -> str:
     )
 
 
+def dnf_locks(entry: str, name: str) -> bool:
+    """Whether a line of dnf's version-lock list locks package ``name``: dnf 4's
+    ``NAME-EPOCH:VERSION-RELEASE.*``, dnf 5's ``name = "NAME"`` (versionlock.toml)."""
+    bare = entry.strip()
+    if bare.replace(" ", "") == f'name="{name}"':
+        return True
+    return bare.startswith(f"{name}-") and bare[len(name) + 1 : len(name) + 2].isdigit()
+
+
 def driver_lock_check(facts: HostFacts) -> Check | None:
     """driver.lock: the loaded driver's packages are kept on its branch (apt: prepare's pin, or
     apt-mark holds; dnf: version locks). None: no package of the driver to lock."""
@@ -515,7 +524,7 @@ def driver_lock_check(facts: HostFacts) -> Check | None:
         if pk.pin is not None:
             seen = f"{PIN_FILE} does not cover {listed} {version} on branch {branch}"
         return Check(LOCK, "warn", seen, fix)
-    locked = [n for n in mine if any(entry.startswith(f"{n}-") for entry in pk.locks)]
+    locked = [n for n in mine if any(dnf_locks(entry, n) for entry in pk.locks)]
     if len(locked) == len(mine):
         return Check(LOCK, "ok", f"{listed} {version}: version-locked (dnf versionlock)")
     return Check(LOCK, "warn", f"{listed} {version}: not version-locked (dnf)", fix)

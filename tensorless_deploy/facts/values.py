@@ -432,9 +432,9 @@ PackageManager = Literal["apt", "dnf"]
 
 
 class DriverPackages(FactModel):
-    """The driver's packages as the host's package manager knows them, and what holds them: apt
-    holds (``apt-mark showhold``), dnf version locks, and the lines of tensorless-deploy's own apt
-    pin file. ``manager`` None: neither dpkg nor rpm here."""
+    """The driver's packages as the host's package manager knows them, and what holds them:
+    dpkg's hold selection (what ``apt-mark hold`` sets), dnf's version-lock list, and the lines
+    of tensorless-deploy's own apt pin file. ``manager`` None: neither dpkg nor rpm here."""
 
     manager: PackageManager | None
     packages: dict[str, str] = {}  # name -> installed version ("535.183.01-1", "3:580.65.06-1")
