@@ -150,6 +150,7 @@ def test_doctor_names_each_failure_with_its_fix_and_deploy_refuses_before_any_ch
     deploy_s = time.monotonic() - t0
     assert rc == 1, out
     assert deploy_s < 180, f"deploy took {deploy_s:.0f} s"
+    print(f"\ndoctor, five hosts, one NVML wedged: {doctor_s:.1f} s; deploy: {deploy_s:.1f} s")
     by_host = {h["host"]: h for h in deployed["hosts"]}
     for host, (check, _) in REFUSED.items():
         assert by_host[host]["outcome"] == "skipped", by_host[host]
