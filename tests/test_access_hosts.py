@@ -292,8 +292,8 @@ def test_status_with_nothing_deployed_has_its_own_state_and_exit(
     rc, out, err = fleet.run(fleet.root, "status")
     assert rc == 4, out + err
     assert "status: nothing deployed on gpu1, gpu2 (exit 4)" in err
-    assert [ln.split()[:4] for ln in out.splitlines()[1:]] == [
-        ["gpu1", "-", "-", "nothing"], ["gpu2", "-", "-", "nothing"]
+    assert [ln.split()[:3] for ln in out.splitlines()[1:]] == [
+        ["gpu1", "nothing", "deployed"], ["gpu2", "nothing", "deployed"]
     ]  # fmt: skip
     rc, out, err = fleet.run(fleet.root, "status", "--json")
     doc = json.loads(out)
