@@ -136,6 +136,10 @@ def test_a_plain_user_is_refused_first_everywhere_and_nothing_changes(
         rc, out, err = fleet.run(fleet.plain, *args, "--limit", "gpu1")
         assert rc == 1 and "access.root" in out + err, (args, out, err)
         assert "would change" not in out, (args, out)
+        if args == ["stop", "tiny"]:  # item 1: failed, and what is left is said: everything
+            assert "gpu1: failed" in out and "stop failed on: gpu1" in err, out + err
+            assert "  nothing stopped or removed: access.root: commands run as operator" in out
+            assert f"stopped {UNIT}" not in out and "read back" not in out, out
     assert serving(ssh) == before  # still there, still serving: nothing was said to be gone
 
 

@@ -260,8 +260,12 @@ def stop(
         done = apply_steps(state, live, steps, dry=dry, nothing=f"{model} is not deployed here")
     finally:
         disconnect(hosts)
+    # a host whose units could not be read (unreachable, access.root) ran no command of stop's:
+    # everything there is as it was, and the line says so rather than leave it to be guessed
     return [
-        done[h.name] if h.name in done else HostResult(h.name, "failed", str(found[h.name]))
+        done[h.name]
+        if h.name in done
+        else HostResult(h.name, "failed", f"nothing stopped or removed: {found[h.name]}")
         for h in hosts
     ]
 
