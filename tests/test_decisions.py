@@ -100,3 +100,16 @@ def test_every_scenario_file_is_valid() -> None:
             "engine",
             "servable",
         }, path
+
+
+def test_access_root_is_the_first_check_and_only_where_units_are_written() -> None:
+    """doctor, deploy and prepare see access.root first; a foreground run (no unit written: a
+    container of the operator's own) is not refused for it."""
+    case = json.loads((TESTS / "decisions" / "access-plain-user-refused.json").read_text())
+    facts = _facts(case["facts"])
+    recipe = Recipe.model_validate(example())
+    entry = Entry(f"{recipe.model.hf_repo}/{recipe.card.id}.toml", recipe)
+    units = plan_host("host", facts, [entry], Options(port=8081), sizing=None)
+    assert units.verdict.checks[0].id == "access.root" and not units.ok
+    foreground = plan_host("host", facts, [entry], Options(port=8081), sizing=None, units=False)
+    assert "access.root" not in [c.id for c in foreground.verdict.checks]

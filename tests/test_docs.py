@@ -139,10 +139,17 @@ def test_every_documented_flag_exists() -> None:
 
 
 def row_gaps(parser: argparse.ArgumentParser, page: Path) -> list[str]:
-    """docs/commands.md is the reference: every flag of a command is in its row."""
+    """docs/commands.md is the reference: every flag of a command is in its row (of the page's
+    first table, before its first section: later tables are about exit codes, dry runs)."""
     subs = subparsers(parser)
     gaps = []
-    rows = [u for u in flag_uses(page, set(subs)) if u.text.startswith("|") and u.command]
+    lines = page.read_text(encoding="utf-8").splitlines()
+    end = next((n for n, ln in enumerate(lines, 1) if ln.startswith("## ")), len(lines) + 1)
+    rows = [
+        u
+        for u in flag_uses(page, set(subs))
+        if u.text.startswith("|") and u.command and int(u.where.rsplit(":", 1)[1]) < end
+    ]
     assert {u.command for u in rows} >= set(subs) - groups(parser), "a command has no row"
     for u in rows:
         assert u.command is not None
@@ -211,17 +218,17 @@ def test_exit_check_fails_on_a_status_the_code_never_returns(tmp_path: Path) -> 
     page.parent.mkdir()
     text = (ROOT / "docs/commands.md").read_text(encoding="utf-8")
     assert "3 all serving and something drifted" in text
-    page.write_text(text.replace("3 all serving", "4 all serving"), encoding="utf-8")
+    page.write_text(text.replace("3 all serving", "5 all serving"), encoding="utf-8")
     claims = exit_claims(page, commands)
     problems = exit_problems(claims, command_codes(parser))
-    assert any("status never exits 4" in p for p in problems), problems
+    assert any("status never exits 5" in p for p in problems), problems
     # and a code the code returns that no page promises (status's 3, once the pages lose it)
     assert any("status can exit 3" in p for p in problems), problems
 
 
 def test_status_exit_codes_come_from_the_code() -> None:
     codes = command_codes(build_parser())
-    assert codes["status"] == {0, 1, 2, 3}
+    assert codes["status"] == {0, 1, 2, 3, 4}
     assert codes["deploy"] == {0, 1, 2}
 
 
@@ -419,3 +426,30 @@ def test_blocks_of_a_page_keep_their_markup() -> None:
     b = blocks(ROOT / "docs/doctor.md")
     marked: list[Block] = [x for x in b if x.mark is not None]
     assert marked and all(x.mark is not None for x in b if x.is_shell())
+
+
+def dry_run_rows(page: Path) -> list[str]:
+    """The commands of docs/commands.md's "Dry runs" table (its first column), in order."""
+    out: list[str] = []
+    inside = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            inside = line.strip() == "### Dry runs"
+            continue
+        if inside and line.startswith("| `"):
+            out.append(line.split("`")[1])
+    return out
+
+
+def test_every_dry_run_is_in_the_one_place_that_says_how_it_exits() -> None:
+    """docs/commands.md's "Dry runs" names exactly the commands that take --dry-run (each
+    exits as its real run would: tests/test_local.py and tests/test_access_hosts.py drive
+    them), once each."""
+    with_dry = {
+        name
+        for name, p in subparsers(build_parser()).items()
+        if "--dry-run" in p._option_string_actions
+    }
+    rows = dry_run_rows(ROOT / "docs/commands.md")
+    assert len(rows) == len(set(rows)), rows
+    assert set(rows) == with_dry, (sorted(with_dry - set(rows)), sorted(set(rows) - with_dry))

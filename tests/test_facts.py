@@ -46,6 +46,8 @@ FACTS: dict[str, Callable[..., Any]] = {
     "cdi": _cdi_report,
     "selinux": parsers.parse_selinux,
     "pid1": parsers.parse_pid1,
+    "access": parsers.parse_access,
+    "sudo": parsers.parse_sudo,
     "nproc": parsers.parse_nproc,
     "df": parsers.parse_df,
     "ss": parsers.parse_ss,

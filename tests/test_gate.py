@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tensorless_deploy.decisions.options import Options
-from tensorless_deploy.facts.values import DeployedUnit, GpuApp, HostFacts, Listener
+from tensorless_deploy.facts.values import Access, DeployedUnit, GpuApp, HostFacts, Listener
 from tensorless_deploy.hostplan.gate import SCRATCH_PORTS, scratch_plan
 from tensorless_deploy.launch.render import render_quadlet
 from tensorless_deploy.launch.spec import SCRATCH_PREFIX, build_launch_spec, scratch_name
@@ -485,3 +485,19 @@ def test_the_scratch_instance_takes_an_idle_card_and_a_free_port() -> None:
     assert sp.refusal == (
         "no port for the scratch instance: the survey could not list the listening ports"
     )
+
+
+def test_a_host_whose_commands_do_not_run_as_root_is_refused_first() -> None:
+    """The scratch instance is a transient unit of root's: a survey that ran as a plain user is
+    refused with access.root and its fix, as deploy refuses it, before any card is chosen."""
+    facts = survey_facts("mixed-p100-t4-podman5")
+    entry = _tiny_entry()
+    plain = facts.model_copy(update={"access": Access(uid=1000, user="operator")})
+    sp = scratch_plan("h", plain, entry, Options(), (), scratch_name(entry.recipe, "a1"), None)
+    assert not sp.ok and sp.plan is None and sp.refusal is not None
+    assert sp.refusal.startswith(
+        "access.root: commands run as operator (uid 1000), not root, and the inventory does "
+        "not set _sudo (fix: give operator NOPASSWD sudo"
+    ), sp.refusal
+    root = facts.model_copy(update={"access": Access(uid=0, user="root", sudo_user="operator")})
+    assert scratch_plan("h", root, entry, Options(), (), "n", None).ok

@@ -274,3 +274,31 @@ def test_a_host_whose_only_card_serves_is_refused(
     )
     assert _serving(ssh, host) == before
     _nothing_left(ssh, host)
+
+
+def test_a_host_whose_commands_do_not_run_as_root_is_refused_first(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    gpu_hosts: list[Host],
+    hf: HFServer,
+    ssh: SshRunner,
+) -> None:
+    """The scratch instance is a transient unit of root's, as deploy's units are: gate run as
+    the SSH user operator without _sudo is refused with access.root and its fix before anything
+    is fetched or started, as deploy's preflight refuses it; the recipe file is untouched."""
+    host = gpu_hosts[0]
+    author = _author(tmp_path, hosts_json, host, hf)
+    plain = write_inventory(tmp_path / "operator.py", [host.as_user(host.sudo_user)])
+    proc = cli(
+        "gate", "run", "-i", str(plain), "tiny", "--recipes", str(author.repo), "--promote",
+        env=author.env,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        f"{host.name}: access.root: commands run as operator (uid " in proc.stderr
+        and "not root, and the inventory does not set _sudo (fix: give operator NOPASSWD sudo"
+        in proc.stderr
+    ), proc.stderr
+    assert author.git("status", "--porcelain") == ""  # no receipt written, nothing promoted
+    _nothing_left(ssh, host)

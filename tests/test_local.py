@@ -80,8 +80,10 @@ def test_dry_run_with_standin_prints_the_exact_command(standin_smi: dict[str, st
         "podman",
         env=standin_smi,
     )
-    assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
+    # a dry run exits as the real run would: refused (1) exactly where it would refuse
+    assert proc.returncode == (1 if out["would_refuse"] else 0), proc.stderr
+    assert out["exit_code"] == proc.returncode
     cmd = out["command"]
     image = (
         "ghcr.io/iammrduncan/tensorless-engine@sha256:"
@@ -117,7 +119,13 @@ def test_dry_run_with_standin_prints_the_exact_command(standin_smi: dict[str, st
     human = cli(
         "run", "pn3", "--dry-run", "--context", "4096", "--engine", "podman", env=standin_smi
     )
-    assert human.returncode == 0
+    assert human.returncode == proc.returncode
+    if out["would_refuse"]:  # the real run refuses before it fetches anything: compare
+        real = cli("run", "pn3", "--context", "4096", "--engine", "podman", env=standin_smi)
+        assert real.returncode == human.returncode == 1, real.stderr
+        first = out["would_refuse"][0]["id"]
+        assert f"a real run would refuse: {first}:" in human.stderr
+        assert f"  {first}: " in real.stderr
     assert "command   podman run" in human.stdout
     assert "address   http://127.0.0.1:8080" in human.stdout
     assert "untuned: context 4096 instead of the measured 65536" in human.stderr
@@ -135,8 +143,8 @@ def test_run_serves_one_card_and_gpu_picks_it(standin_smi: dict[str, str]) -> No
     second = "GPU-a7d41c9e-2b35-4f86-8e1a-5c9b0d3e6f21"
     for extra, uuid in (([], P100_UUID), (["--gpu", "1"], second), (["--gpu", second], second)):
         proc = cli("run", "pn3", "--dry-run", "--json", *extra, env=two)
-        assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
+        assert proc.returncode == (1 if out["would_refuse"] else 0), proc.stderr
         assert out["gpu_uuids"] == [uuid] and out["address"] == "127.0.0.1:8080", extra
     proc = cli("run", "pn3", "--dry-run", "--gpu", "7", env=two)
     assert proc.returncode == 1 and "instances.cards: GPU 7 is not a usable card here" in (
@@ -150,15 +158,18 @@ def test_dry_run_previews_a_card_this_machine_lacks() -> None:
     """No GPU here at all: `run --dry-run --card p100` still shows the p100 recipe's command,
     the device a stand-in named GPU-PREVIEW; without --dry-run the same is refused."""
     proc = cli("run", "pn3", "--dry-run", "--card", "p100", "--json", "--engine", "podman")
-    assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
+    # shown, and exits as a real run here would: refused, for the driver this machine lacks
+    assert proc.returncode == 1, proc.stderr
+    assert "driver.present" in [c["id"] for c in out["would_refuse"]]
     assert out["preview"] is True and out["gpu_uuids"] == ["GPU-PREVIEW"]
     assert "nvidia.com/gpu=GPU-PREVIEW" in out["command"]
     assert out["recipe"].endswith("/p100.toml") and out["server_args"][-1] == "--jinja"
     human = cli("run", "pn3", "--dry-run", "--card", "p100")
     assert "preview   no p100 card here" in human.stderr
+    assert "a real run would refuse: driver.present" in human.stderr
     real = cli("run", "pn3", "--card", "p100")
-    assert real.returncode == 1 and "driver.present" in real.stderr
+    assert real.returncode == human.returncode == 1 and "driver.present" in real.stderr
     unknown = cli("run", "pn3", "--dry-run", "--card", "h100")
     assert unknown.returncode == 2 and "no recipe for card 'h100'" in unknown.stderr
 
@@ -173,9 +184,12 @@ def test_dry_run_state_table(tmp_path: Path, standin_smi: dict[str, str]) -> Non
     refused = cli("run", "pn3", "--dry-run", "--recipes", str(cat), env=standin_smi)
     assert refused.returncode == 2 and "--allow-draft" in refused.stderr
     shown = cli("run", "pn3", "--dry-run", "--allow-draft", "--recipes", str(cat), env=standin_smi)
-    assert shown.returncode == 0, shown.stderr
-    # unpublished: shown by --dry-run, refused by run and pull even with --allow-draft
-    assert cli("run", "unpub", "--dry-run", "--recipes", str(cat), env=standin_smi).returncode == 0
+    assert "command   podman run" in shown.stdout or "command   docker run" in shown.stdout
+    # unpublished: shown by --dry-run, refused by run and pull even with --allow-draft; the dry
+    # run exits as the run would (2, the state table's refusal), after showing the command
+    dry = cli("run", "unpub", "--dry-run", "--recipes", str(cat), env=standin_smi)
+    assert "command   " in dry.stdout and "recipe.state" in dry.stderr
+    assert dry.returncode == 2, dry.stderr
     for args in (["run", "unpub", "--allow-draft"], ["pull", "unpub", "--allow-draft"]):
         proc = cli(*args, "--recipes", str(cat), env=standin_smi)
         assert proc.returncode == 2 and "not published" in proc.stderr, proc.stderr
@@ -281,3 +295,33 @@ def test_serve_refuses_here_with_the_reason() -> None:
     (host,) = json.loads(proc.stdout)["hosts"]
     assert host["host"] == "@local" and host["outcome"] == "skipped"
     assert "driver.present" in host["reason"]
+
+
+def test_a_dry_run_exits_as_the_real_run_would(tmp_path: Path, standin_smi: dict[str, str]) -> None:
+    """Issue 24 item 8, as it was seen: `run --dry-run --host 0.0.0.0` without a key printed the
+    command and `a real run would refuse: api.key ...`, and exited 0. It still prints both, and
+    exits 1, as the real run does (refused before anything is pulled); so do serve's and
+    export's dry runs, each with its real run's status (docs/commands.md, "Dry runs")."""
+    wide = ["run", "pn3", "--host", "0.0.0.0", "--engine", "podman"]
+    dry = cli(*wide, "--dry-run", env=standin_smi)
+    assert "command   podman run" in dry.stdout
+    assert "a real run would refuse: api.key: " in dry.stderr, dry.stderr
+    real = cli(*wide, env=standin_smi)
+    assert dry.returncode == real.returncode == 1, (dry.stderr, real.stderr)
+    assert "api.key: " in real.stderr and "refused on this machine" in real.stderr
+    doc = json.loads(cli(*wide, "--dry-run", "--json", env=standin_smi).stdout)
+    assert doc["exit_code"] == 1 and "api.key" in [c["id"] for c in doc["would_refuse"]]
+    # serve: the deploy path's preflight on this machine (no driver here: skipped either way)
+    serve_dry = cli("serve", "pn3", "--dry-run")
+    if serve_dry.returncode != 0:  # a machine that would really serve it is left alone
+        serve_real = cli("serve", "pn3")
+        assert serve_real.returncode == serve_dry.returncode == 1
+        assert serve_dry.stdout.splitlines()[0] == serve_real.stdout.splitlines()[0]
+    # export: refused as the real export (2), and with -o the file is not written
+    out = tmp_path / "pod.yaml"
+    kube = ["export", "pn3", "--format", "kube", "-o", str(out)]
+    assert cli(*kube, "--dry-run").returncode == cli(*kube).returncode == 2
+    ok = cli("export", "pn3", "--format", "podman-kube", "-o", str(out), "--dry-run")
+    assert ok.returncode == 0 and f"would write {out} (" in ok.stderr and not out.exists()
+    assert cli("export", "pn3", "--format", "podman-kube", "-o", str(out)).returncode == 0
+    assert out.exists()

@@ -20,6 +20,7 @@ from tensorless_deploy.cli.common import (
     access_flags,
     access_from,
     catalog_from,
+    dry_run_flag,
     flags_from,
     recipes_flag,
     untuned_line,
@@ -260,7 +261,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--api-key-file: {exc}") from None
     out = build_export(entry.recipe, flags, args.format, entry.digest)
-    if args.output:
+    # --dry-run: every refusal above is the real run's (it exits as that would); only the file
+    # is not written
+    if args.output and args.dry_run:
+        where = Path(args.output).absolute()
+        print(f"would write {where} ({len(out.text)} bytes)", file=sys.stderr)
+    elif args.output:
         _write(Path(args.output), out.text)
     elif not args.json:
         sys.stdout.write(out.text)
@@ -310,5 +316,6 @@ def register(command: Command) -> None:
         "checked here, never put in the manifest); needed on kube unless --insecure-open",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write the manifest to FILE")
+    dry_run_flag(p)
     p.set_defaults(takes_extra=True)
     recipes_flag(p)

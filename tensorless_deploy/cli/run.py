@@ -22,7 +22,7 @@ from tensorless_deploy.cli.common import (
     untuned_line,
 )
 from tensorless_deploy.cli.output import emit_json
-from tensorless_deploy.errors import UsageError
+from tensorless_deploy.errors import TensorlessError, UsageError
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
@@ -33,9 +33,28 @@ HERE = "this machine"
 RUN_FLAG_NAMES = {"bind": "--host"}  # run and serve call the bind address --host
 
 
-def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
+def _refusal(plan: HostPlan, model: str) -> TensorlessError | None:
+    """What a real run raises for this plan (None: it runs): the seed's state table first (a
+    usage error), then the failed checks."""
+    from tensorless_deploy.decisions.checks import state_refusal
+
+    if plan.recipe is None:
+        return Refused(model, plan.failed())
+    refusal = state_refusal(plan.recipe, "run", plan.options.allow_draft)
+    if refusal:
+        return UsageError(refusal)
+    if plan.blocking(False) or not plan.instances:
+        return Refused(f"{plan.recipe.model.hf_repo} on {plan.recipe.card.id}", plan.failed())
+    return None
+
+
+def _local_plan(
+    args: argparse.Namespace, dry: bool
+) -> tuple[HostPlan, HostPlan, TensorlessError | None]:
     """This machine's host plan for MODEL, the model in this machine's Hugging Face cache; the
-    seed's state table and the failed checks refuse here, before anything is fetched."""
+    seed's state table and the failed checks refuse here, before anything is fetched. With dry:
+    the plan shown (a preview card's where --card names one this machine lacks), this machine's
+    own plan, and what a real run would refuse with (the dry run exits with its status)."""
     from tensorless_deploy.decisions.checks import state_refusal
     from tensorless_deploy.decisions.options import resolve
     from tensorless_deploy.gguf.sizing import read_sizings
@@ -57,36 +76,45 @@ def _local_plan(args: argparse.Namespace, dry: bool) -> HostPlan:
         instances=flags.instances if flags.instances is not None else 1,
     )
     facts = local_facts(cache)
-    if dry and card and (facts.gpus.state != "ok" or select(entries, facts) is None):
-        # a preview of the card's recipe on a machine without that card
-        facts = with_preview_card(facts, entries[0].recipe)
+    secrets = local_secrets_root()
     sizing = read_sizings([(e.path, e.recipe) for e in entries])  # the memory verdict's input
     plan = plan_host(
-        HERE,
-        facts,
-        entries,
-        options,
-        sizing=sizing,
-        units=False,
-        secrets_root=local_secrets_root(),
+        HERE, facts, entries, options, sizing=sizing, units=False, secrets_root=secrets
     )
-    if plan.recipe is None:
-        raise Refused(args.model, plan.failed())
-    refusal = state_refusal(plan.recipe, "dry_run" if dry else "run", options.allow_draft)
+    real = _refusal(plan, args.model)
+    if not dry:
+        if real is not None:
+            raise real
+        return plan, plan, None
+    shown = plan
+    if card and (facts.gpus.state != "ok" or select(entries, facts) is None):
+        # a preview of the card's recipe on a machine without that card
+        preview = with_preview_card(facts, entries[0].recipe)
+        shown = plan_host(
+            HERE, preview, entries, options, sizing=sizing, units=False, secrets_root=secrets
+        )
+    if shown.recipe is None:
+        raise Refused(args.model, shown.failed())
+    refusal = state_refusal(shown.recipe, "dry_run", options.allow_draft)
     if refusal:
         raise UsageError(refusal)
-    if plan.blocking(dry) or not plan.instances:
-        raise Refused(f"{plan.recipe.model.hf_repo} on {plan.recipe.card.id}", plan.failed())
-    return plan
+    if shown.blocking(True) or not shown.instances:
+        raise Refused(f"{shown.recipe.model.hf_repo} on {shown.recipe.card.id}", shown.failed())
+    return shown, plan, real
 
 
-def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
+def _print_dry_run(
+    plan: HostPlan, command: list[str], as_json: bool, real: HostPlan, code: int
+) -> None:
+    """The dry run's report: every value and the exact command of the plan shown, then what a
+    real run here (real: this machine's own plan) would refuse, and the status it would exit
+    with (code)."""
     from tensorless_deploy.hostplan.plan import PREVIEW_UUID
 
     assert plan.entry is not None
     entry, r = plan.entry, plan.entry.recipe
     spec = plan.instances[0].spec
-    would_stop = plan.failed()
+    would_stop = real.failed()
     if as_json:
         emit_json(
             {
@@ -111,6 +139,7 @@ def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
                 "would_refuse": [
                     {"id": c.id, "evidence": c.evidence, "fix": c.fix} for c in would_stop
                 ],
+                "exit_code": code,
             }
         )
         return
@@ -146,12 +175,14 @@ def _print_dry_run(plan: HostPlan, command: list[str], as_json: bool) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from tensorless_deploy.local.run import container_argv, pull_image, run_foreground
 
-    plan = _local_plan(args, args.dry_run)
+    plan, real, refusal = _local_plan(args, args.dry_run)
     assert plan.recipe is not None and plan.engine_bin is not None
     spec = plan.instances[0].spec
     if args.dry_run:
-        _print_dry_run(plan, container_argv(spec, spec.engine), args.json)
-        return 0
+        # a dry run exits as the real run would: its refusal's status (docs/commands.md)
+        code = refusal.exit_code if refusal is not None else 0
+        _print_dry_run(plan, container_argv(spec, spec.engine), args.json, real, code)
+        return code
     r = plan.recipe
     pull_image(plan.engine_bin, r.engine.image)
     _fetch(r, plan.options.models_dir, quiet=bool(args.json))

@@ -42,7 +42,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     inventory, hosts = _hosts(args)
     report = fleet_status(inventory, hosts, catalog, flags_from(args))
     units = [u for h in report for u in h.units]
-    code = exit_code(any(h.error for h in report), units, any(h.cards_fail for h in report))
+    idle = [h.host for h in report if h.state == "nothing deployed"]
+    code = exit_code(
+        any(h.error for h in report), units, any(h.cards_fail for h in report), bool(idle)
+    )
     if args.json:
         emit_json(
             {
@@ -51,6 +54,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "hosts": [
                     {
                         "host": h.host,
+                        "state": h.state,
                         "error": h.error,
                         "cards": [check_json(c) for c in h.cards],
                         "units": [u.json() for u in h.units],
@@ -64,13 +68,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     for h in report:
         if h.error:
             rows.append(
-                [h.host, paint("unreachable", "1;31"), "-", "-", "-", "-", "-", "-", "-", h.error]
+                [h.host, paint(h.state, "1;31"), "-", "-", "-", "-", "-", "-", "-", h.error]
             )
             continue
         cards = cards_word(h.cards)
         cards = cards if cards in ("ok", "-") else paint(cards, "1;31" if h.cards_fail else "33")
         if not h.units:
-            rows.append([h.host, "nothing deployed", "", "", "", "", "", "", cards, ""])
+            rows.append([h.host, paint(h.state, "33"), "", "", "", "", "", "", cards, ""])
         for u in h.units:
             state = paint(u.state, STATE_COLOURS.get(u.state, "1;31"))
             if u.state == "crash loop" and u.restarts is not None:
@@ -109,7 +113,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         head.remove("LOAD")
         rows = [row[:7] + row[8:] for row in rows]
     print(table(rows, head))
-    word = {0: "all serving as the catalog says", 1: "not all serving", 3: "drift"}[code]
+    word = {
+        0: "all serving as the catalog says",
+        1: "not all serving",
+        3: "drift",
+        4: f"nothing deployed on {', '.join(idle)}",
+    }[code]
     if code == 1 and not any(h.error for h in report) and all(u.healthy for u in units):
         word = "a card fails its health checks"
     print(f"status: {word} (exit {code})", file=sys.stderr)
@@ -291,7 +300,8 @@ def register(command: Command) -> None:
     p = command(
         "status",
         "what each host serves: unit, address, state, tuning, drift field by field (exit 0 "
-        "all serving as the catalog says, 1 unreachable or not serving, 3 drift)",
+        "all serving as the catalog says, 1 unreachable, unreadable or not serving, 4 a host "
+        "serves nothing, 3 drift)",
         cmd_status,
     )
     hosts_flags(p, required=False)

@@ -22,7 +22,14 @@ from tensorless_deploy.decisions.options import (
     pem_text,
 )
 from tensorless_deploy.facts.survey import PROBE_TIMEOUT_S
-from tensorless_deploy.facts.values import QUADLET_MIN_PODMAN, Gpu, HostFacts, MaintenanceRecord
+from tensorless_deploy.facts.values import (
+    QUADLET_MIN_PODMAN,
+    Access,
+    Gpu,
+    HostFacts,
+    MaintenanceRecord,
+    SudoProbe,
+)
 from tensorless_deploy.recipe.schema import Recipe
 
 QUADLET_MIN = ".".join(map(str, QUADLET_MIN_PODMAN))
@@ -451,6 +458,80 @@ def _selinux_check(facts: HostFacts) -> list[Check]:
     ]
 
 
+ACCESS = "access.root"
+
+
+def _sudoers_fix(user: str) -> str:
+    return (
+        f"give {user} NOPASSWD sudo ('{user} ALL=(ALL:ALL) NOPASSWD: ALL' in a file under "
+        "/etc/sudoers.d/, written with visudo -f) and set _sudo: True for the host, or connect "
+        "as root (ssh_user: root)"
+    )
+
+
+def access_check(access: Access, sudo: SudoProbe | None = None) -> Check:
+    """access.root: units, models, containers and their journal are root's, so every host's
+    commands must run as root: the SSH user is root, or sudo gives root without a password.
+    access: who the commands ran as (the survey's, or the login's before any sudo); sudo: the
+    login's ``sudo -n true`` where the inventory asks for sudo (None: not asked, or not read)."""
+    user = access.user
+    if sudo is not None and not access.root:
+        if sudo.state == "ok":
+            return Check(ACCESS, "ok", f"{user} has passwordless sudo")
+        if sudo.state == "password":
+            return Check(ACCESS, "fail", f"sudo needs a password for {user}", _sudoers_fix(user))
+        if sudo.state == "absent":
+            return Check(
+                ACCESS,
+                "fail",
+                "the inventory sets _sudo, but sudo is not installed",
+                f"install sudo and {_sudoers_fix(user)}",
+            )
+        if sudo.state == "denied":
+            seen = f"{user} may not use sudo here: {sudo.message}"
+            return Check(ACCESS, "fail", seen, _sudoers_fix(user))
+        seen = f"sudo -n true failed for {user}: {sudo.message}"
+        return Check(ACCESS, "fail", seen, _sudoers_fix(user))
+    if access.root:
+        via = f" (sudo from {access.sudo_user})" if access.sudo_user else ""
+        return Check(ACCESS, "ok", f"commands run as root{via}")
+    if access.sudo_user:
+        return Check(
+            ACCESS,
+            "fail",
+            f"commands run as {user} (uid {access.uid}) through sudo from {access.sudo_user}, "
+            "not as root",
+            "drop _sudo_user from the host's data: units, models and containers are root's",
+        )
+    return Check(
+        ACCESS,
+        "fail",
+        f"commands run as {user} (uid {access.uid}), not root, and the inventory does not "
+        "set _sudo",
+        _sudoers_fix(user),
+    )
+
+
+def survey_access_check(facts: HostFacts) -> Check | None:
+    """access.root from the survey's access section (None: a survey captured before it)."""
+    if facts.access is not None:
+        return access_check(facts.access)
+    unread = [p for p in facts.problems if p.startswith("access:")]
+    if unread:
+        return Check(
+            ACCESS,
+            "fail",
+            f"could not read who the commands run as ({unread[0]})",
+            "run id -u on the host and fix what it reports",
+        )
+    return None
+
+
+def check_line(c: Check) -> str:
+    """A check as one line: ``id: evidence (fix: ...)``."""
+    return f"{c.id}: {c.evidence}" + (f" (fix: {c.fix})" if c.fix else "")
+
+
 def _systemd_check(facts: HostFacts, options: Options) -> list[Check]:
     if facts.init is None:
         return []
@@ -657,10 +738,18 @@ def host_verdict(
     catalog: Sequence[tuple[str, Recipe]] = (),
     existing: Existing = Existing(),
     ports: Sequence[int] | None = None,
+    root: bool = True,
 ) -> Verdict:
     """Every check, in order. Without a recipe: readiness, and which catalog recipes fit.
-    ports: where the plan serves (default: the option's one port)."""
-    checks: list[Check] = [Check(p.split(":", 1)[0] + ".read", "warn", p) for p in facts.problems]
+    ports: where the plan serves (default: the option's one port). root: the plan writes units
+    (deploy, serve, doctor): the host's commands must run as root, checked first."""
+    access = survey_access_check(facts) if root else None
+    checks: list[Check] = [access] if access is not None else []
+    checks += [
+        Check(p.split(":", 1)[0] + ".read", "warn", p)
+        for p in facts.problems
+        if not (access is not None and p.startswith("access:"))
+    ]
     checks += _systemd_check(facts, options)
     checks += api_check(options, ports)
     match = None
@@ -744,10 +833,10 @@ def host_verdict(
 
 
 def no_card_verdict(
-    model: str, recipes: Sequence[Recipe], facts: HostFacts, options: Options
+    model: str, recipes: Sequence[Recipe], facts: HostFacts, options: Options, root: bool = True
 ) -> Verdict:
     """A host none of whose GPUs fits any card the model has a recipe for."""
-    base = host_verdict(facts, None, options)
+    base = host_verdict(facts, None, options, root=root)
     cards = "; ".join(
         f"{r.card.id} (compute {r.card.compute_capability}, >= {r.card.min_memory_mib} MiB)"
         for r in recipes

@@ -20,6 +20,7 @@ from .values import (
     CDI_GPU_KIND,
     COMPUTE_CAP,
     LABEL_PREFIX,
+    Access,
     BlobState,
     CdiReport,
     CdiSpec,
@@ -39,6 +40,7 @@ from .values import (
     Podman,
     Selinux,
     SelinuxMode,
+    SudoProbe,
     ToolState,
     ToolUnit,
     Version,
@@ -457,6 +459,35 @@ def parse_pid1(output: str, exit_code: int) -> InitSystem:
     if exit_code != 0 or len(lines) != 1:
         return InitSystem(pid1=None)
     return InitSystem(pid1=lines[0])
+
+
+def parse_access(output: str, exit_code: int) -> Access:
+    """``id -u``, ``id -un`` and ``$SUDO_USER`` (empty without sudo), one a line."""
+    lines = [line.strip() for line in output.splitlines()]
+    if exit_code != 0 or len(lines) < 2 or not _INT.fullmatch(lines[0]) or not lines[1]:
+        raise FactError(f"id: not a user id and name: {output.strip()[:200]!r}")
+    sudo_user = lines[2] if len(lines) > 2 and lines[2] else None
+    return Access(uid=int(lines[0]), user=lines[1], sudo_user=sudo_user)
+
+
+# What sudo (and sudo-rs) print with -n where they would ask for a password, or refuse the user.
+SUDO_PASSWORD_TEXTS = ("a password is required", "interactive authentication is required")
+SUDO_DENIED_TEXTS = ("not in the sudoers file", "may not run sudo", "is not allowed to execute")
+
+
+def parse_sudo(output: str, exit_code: int) -> SudoProbe:
+    """``sudo -n true`` as the SSH user: works, asks for a password, refuses the user, absent."""
+    text = " ".join(_lines(output))[:300]
+    if exit_code == 0:
+        return SudoProbe(state="ok")
+    if exit_code == COMMAND_NOT_FOUND:
+        return SudoProbe(state="absent", message=text)
+    low = text.lower()
+    if any(t in low for t in SUDO_PASSWORD_TEXTS):
+        return SudoProbe(state="password", message=text)
+    if any(t in low for t in SUDO_DENIED_TEXTS):
+        return SudoProbe(state="denied", message=text)
+    return SudoProbe(state="failed", message=text or f"exit {exit_code}")
 
 
 def parse_nproc(output: str, exit_code: int) -> int:

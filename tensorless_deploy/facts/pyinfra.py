@@ -36,6 +36,7 @@ from .survey import (
     gpu_sections,
     host_facts_from_survey,
     init_sections,
+    login_sections,
     port_sections,
     read_cdi_specs,
     read_cpus,
@@ -45,6 +46,7 @@ from .survey import (
     read_gpus,
     read_init,
     read_listeners,
+    read_login,
     read_selinux,
     read_toolkit,
     selinux_sections,
@@ -64,6 +66,7 @@ from .values import (
     HostFacts,
     InitSystem,
     Listener,
+    Login,
     NvidiaDevices,
     Selinux,
 )
@@ -194,6 +197,17 @@ class ListeningPorts(_SurveyFact[tuple[Listener, ...]]):
         return read_listeners(sections)
 
 
+class HostLogin(_SurveyFact[Login]):
+    """The SSH user before any sudo (read it with ``_sudo=False``), and with ``sudo=True``
+    whether sudo works without a password (``sudo -n``: never a prompt)."""
+
+    def command(self, sudo: bool = False) -> str:
+        return _script(login_sections(sudo))
+
+    def _read(self, sections: Mapping[str, SectionOutput]) -> Login:
+        return read_login(sections)
+
+
 class HostSurvey(FactBase[HostFacts]):
     """Everything above in one SSH round trip, as one HostFacts value."""
 
@@ -301,6 +315,7 @@ __all__: list[str] = [
     "DeployedUnits",
     "FileSha256",
     "FreeDisk",
+    "HostLogin",
     "HostSurvey",
     "HttpStatus",
     "ImagePresent",

@@ -35,6 +35,7 @@ from .parsers import (
     TIMED_OUT,
     analyse_cdi,
     nvidia_devices,
+    parse_access,
     parse_cdi_dump,
     parse_df,
     parse_docker_version,
@@ -48,10 +49,12 @@ from .parsers import (
     parse_quadlet_path,
     parse_selinux,
     parse_ss,
+    parse_sudo,
     parse_tool_state,
 )
 from .values import (
     COMPUTE_CAP,
+    Access,
     CdiReport,
     CdiSpec,
     ContainerEngines,
@@ -67,6 +70,7 @@ from .values import (
     InitSystem,
     KernelLog,
     Listener,
+    Login,
     MaintenanceRecord,
     NvidiaDevices,
     Selinux,
@@ -107,6 +111,20 @@ class SectionOutput:
 
 def _need(command: str) -> str:
     return f"command -v {command} >/dev/null 2>&1 || exit 127"
+
+
+def access_sections() -> tuple[Section, ...]:
+    """Who the commands run as: the uid, its name, and the login sudo ran them for (if any)."""
+    return (Section("access", "id -u; id -un; printf '%s\\n' \"${SUDO_USER-}\""),)
+
+
+def login_sections(sudo: bool) -> tuple[Section, ...]:
+    """What the SSH user is before anything runs under sudo, and with sudo whether it works
+    without a password: ``sudo -n`` never prompts, and stdin is /dev/null besides."""
+    sections = access_sections()
+    if sudo:
+        sections += (Section("sudo", f"{_need('sudo')}; sudo -n true"),)
+    return sections
 
 
 def gpu_sections() -> tuple[Section, ...]:
@@ -241,6 +259,7 @@ def all_sections(
     models_dir: str = DEFAULT_MODELS_DIR, cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS
 ) -> tuple[Section, ...]:
     return (
+        *access_sections(),
         *gpu_sections(),
         *gpu_app_sections(),
         *driver_sections(),
@@ -414,6 +433,18 @@ def read_init(sections: Mapping[str, SectionOutput]) -> InitSystem:
     return parse_pid1(pid1.text, pid1.exit_code)
 
 
+def read_access(sections: Mapping[str, SectionOutput]) -> Access:
+    access = _section(sections, "access")
+    return parse_access(access.text, access.exit_code)
+
+
+def read_login(sections: Mapping[str, SectionOutput]) -> Login:
+    """``login_sections``' output: the login's access, and the sudo probe where it ran."""
+    sudo = sections.get("sudo")
+    probe = parse_sudo(sudo.text, sudo.exit_code) if sudo is not None else None
+    return Login(access=read_access(sections), sudo=probe)
+
+
 def read_cpus(sections: Mapping[str, SectionOutput]) -> int:
     nproc = _section(sections, "nproc")
     return parse_nproc(nproc.text, nproc.exit_code)
@@ -451,6 +482,7 @@ def build_host_facts(
     cdi_specs: Sequence[CdiSpec] | None = None,
     selinux: Selinux | None = None,
     init: InitSystem | None = None,
+    access: Access | None = None,
     cpus: int | None = None,
     disk: DiskSpace | None = None,
     listeners: Sequence[Listener] | None = None,
@@ -480,6 +512,7 @@ def build_host_facts(
             "cdi": cdi,
             "selinux": selinux,
             "init": init,
+            "access": access,
             "cpus": cpus,
             "disk": disk,
             "listeners": None if listeners is None else tuple(listeners),
@@ -520,6 +553,8 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         cdi_specs=read("cdi", read_cdi_specs),
         selinux=read("selinux", read_selinux),
         init=read("init", read_init),
+        # surveys captured before the section existed say nothing of who ran them
+        access=read("access", read_access) if "access" in sections else None,
         cpus=read("cpus", read_cpus),
         disk=read("disk", read_disk),
         listeners=read("ports", read_listeners),

@@ -258,6 +258,39 @@ class Selinux(FactModel):
     message: str = ""
 
 
+class Access(FactModel):
+    """Who a host's commands run as: the survey's ``id -u``/``id -un`` (under pyinfra's sudo
+    where the inventory asks for it: then root, with ``SUDO_USER`` naming the login)."""
+
+    uid: int
+    user: str
+    sudo_user: str | None = None  # the login that sudo ran them for (SUDO_USER); None: no sudo
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def root(self) -> bool:
+        return self.uid == 0
+
+
+SudoState = Literal["ok", "password", "denied", "absent", "failed"]
+
+
+class SudoProbe(FactModel):
+    """``sudo -n true`` as the SSH user, before anything runs under sudo: whether sudo works
+    without a password (``password``: it asks for one; ``denied``: the user may not use it)."""
+
+    state: SudoState
+    message: str = ""
+
+
+class Login(FactModel):
+    """The SSH user as it logs in (no sudo), and, where the inventory asks for sudo, whether
+    sudo works without a password: read before any command runs under sudo."""
+
+    access: Access
+    sudo: SudoProbe | None = None  # None: the inventory does not ask for sudo
+
+
 class InitSystem(FactModel):
     pid1: str | None  # the command name of PID 1
 
@@ -596,6 +629,7 @@ class HostFacts(FactModel):
     cdi: CdiReport | None = None
     selinux: Selinux | None = None
     init: InitSystem | None = None
+    access: Access | None = None  # None: a survey captured before the access section
     cpus: int | None = None
     disk: DiskSpace | None = None
     listeners: tuple[Listener, ...] | None = None

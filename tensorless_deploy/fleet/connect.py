@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
+from tensorless_deploy.decisions.checks import access_check, check_line, survey_access_check
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import HostFacts
@@ -17,7 +18,45 @@ from tensorless_deploy.hostplan.plan import SurveyedHost
 from tensorless_deploy.recipe.catalog import Entry
 
 CONNECT_TIMEOUT_S = 10
+CANNOT_CONNECT = "cannot connect"  # how every connection error's text starts
 T = TypeVar("T")
+# What on_each_host makes sure of before a host's job: "sudo": where the inventory asks for sudo,
+# that it works without a password (never a prompt); "root": besides, on a host without sudo,
+# that the SSH user is root (for a job that needs root and reads no survey); "checked": nothing
+# (an earlier call of the same run did).
+AccessNeed = Literal["sudo", "root", "checked"]
+
+
+class AccessError(TensorlessError):
+    """The host's commands would not run as root: access.root, one line with its fix."""
+
+
+def wants_sudo(host: Any) -> bool:
+    """The inventory asks pyinfra to run this host's commands under sudo, with no password of
+    its own to give sudo (with _sudo_password pyinfra answers sudo itself)."""
+    return bool(host.data.get("_sudo")) and not host.data.get("_sudo_password")
+
+
+def login_refusal(host: Any, need: AccessNeed) -> str | None:
+    """Before any command runs under sudo on the host: why its commands would not run as root
+    (access.root as one line), or None. One command, never under sudo; none where nothing is
+    asked (a host without sudo whose job reads the survey's own access section)."""
+    from tensorless_deploy.facts.pyinfra import HostLogin
+
+    sudo = wants_sudo(host)
+    if need == "checked" or (need == "sudo" and not sudo):
+        return None
+    login = host.get_fact(HostLogin, sudo=sudo, _sudo=False)
+    check = access_check(login.access, login.sudo)
+    return None if check.status == "ok" else check_line(check)
+
+
+def require_root(facts: HostFacts) -> None:
+    """A job that needs root and read the survey: stop here (AccessError) unless the survey's
+    commands ran as root."""
+    check = survey_access_check(facts)
+    if check is not None and check.status != "ok":
+        raise AccessError(check_line(check))
 
 
 def new_state(inventory: Any) -> Any:
@@ -40,18 +79,24 @@ def _connect(host: Any) -> str | None:
     try:
         host.connect(show_errors=False, raise_exceptions=True)
     except ConnectError as exc:
-        return f"cannot connect: {exc.args[0] if exc.args else exc}"
+        return f"{CANNOT_CONNECT}: {exc.args[0] if exc.args else exc}"
     except OSError as exc:
-        return f"cannot connect: {exc}"
+        return f"{CANNOT_CONNECT}: {exc}"
     return None
 
 
 def on_each_host(
-    state: Any, hosts: Sequence[Any], job: Callable[[Any], T], *, keep_connected: bool = False
+    state: Any,
+    hosts: Sequence[Any],
+    job: Callable[[Any], T],
+    *,
+    keep_connected: bool = False,
+    access: AccessNeed = "sudo",
 ) -> list[T | str]:
     """Connect to every host and run job(host) on each, in parallel on pyinfra's own pool (its
-    PARALLEL limit holds). A host that cannot be reached, or whose facts cannot be read, gives
-    the error text instead of a result."""
+    PARALLEL limit holds). A host that cannot be reached, whose facts cannot be read, or whose
+    commands would not run as root (``access``: what is checked first, see AccessNeed) gives the
+    error text instead of a result."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_host, ctx_state
 
@@ -62,6 +107,9 @@ def on_each_host(
         state.activate_host(host)  # operations run only on activated hosts
         try:
             with ctx_state.use(state), ctx_host.use(host):
+                refused = login_refusal(host, access)
+                if refused is not None:
+                    return refused
                 return job(host)
         except PyinfraError as exc:
             return f"cannot read facts: {exc}"
@@ -181,6 +229,15 @@ def disconnect(hosts: Sequence[Any]) -> None:
     for host in hosts:
         if host.connected:
             host.disconnect()
+
+
+def host_command(state: Any, host: Any, command: Any) -> str:
+    """A command (pyinfra StringCommand) as pyinfra would run it on this host: wrapped in sudo
+    (or su) as its inventory data asks, for a channel of our own (a stream, a transfer)."""
+    from pyinfra.connectors.util import make_unix_command_for_host
+
+    executor = executor_arguments(state, host)
+    return str(make_unix_command_for_host(state, host, command, **executor).get_raw_value())
 
 
 def host_fact(state: Any, host: Any, fact: Any, **kwargs: Any) -> Any:

@@ -171,7 +171,7 @@ def unit_diffs(
         return out
 
     hosts = [by_name[n] for n in changing]
-    results = on_each_host(state, hosts, one, keep_connected=True)
+    results = on_each_host(state, hosts, one, keep_connected=True, access="checked")
     return {h.name: r for h, r in zip(hosts, results, strict=True) if not isinstance(r, str)}
 
 

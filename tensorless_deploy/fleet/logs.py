@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tensorless_deploy.fleet.connect import disconnect, new_state
+from tensorless_deploy.fleet.connect import disconnect, host_command, new_state
 from tensorless_deploy.fleet.status import model_units, read_units
 from tensorless_deploy.recipe.catalog import Catalog
 
@@ -15,6 +15,7 @@ Line = Callable[[str, str, str], None]  # (host, unit, line)
 
 
 def journal_command(units: Sequence[str], lines: int, follow: bool) -> str:
+    """journalctl of the units, as a shell word list (wrap it with host_command for a host)."""
     args = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines)]
     for u in units:
         args += ["-u", f"{u}.service"]
@@ -24,7 +25,8 @@ def journal_command(units: Sequence[str], lines: int, follow: bool) -> str:
 
 
 def _stream(host: Any, command: str, unit: str, emit: Line) -> None:
-    """Run command on the host's own SSH connection and hand over each line as it arrives."""
+    """Run command on the host's own SSH connection and hand over each line as it arrives; a
+    journal that could not be read (journalctl's exit status) raises with what it said."""
     transport = host.connector.client.get_transport()
     channel = transport.open_session()
     channel.exec_command(command)
@@ -41,6 +43,11 @@ def _stream(host: Any, command: str, unit: str, emit: Line) -> None:
                     emit(host.name, unit, raw.decode("utf-8", "replace").rstrip("\r"))
         if buf.strip():
             emit(host.name, unit, buf.decode("utf-8", "replace").rstrip("\r"))
+        code = channel.recv_exit_status()
+        if code != 0:
+            said = channel.makefile_stderr("rb").read().decode("utf-8", "replace")
+            lines = [line.strip() for line in said.splitlines() if line.strip()]
+            raise OSError(f"journalctl exit {code}: {lines[-1] if lines else 'no output'}")
     finally:
         channel.close()
 
@@ -58,6 +65,7 @@ def logs(
     """The last `lines` journal lines of each of MODEL's units on every host (then, with follow,
     everything new until interrupted). Returns the hosts that could not be read, with why."""
     import gevent
+    from pyinfra.api.command import StringCommand
 
     entries = catalog.find_or_none(model)
     state = new_state(inventory)
@@ -75,7 +83,9 @@ def logs(
                 errors[h.name] = f"{model} is not deployed here"
                 continue
             for u in mine:  # one stream per unit, so every line names its instance
-                cmd = journal_command([u.name], lines, follow)
+                # the journal is root's: under sudo where the inventory asks for it
+                journal = StringCommand(journal_command([u.name], lines, follow))
+                cmd = host_command(state, h, journal)
                 jobs.append((h.name, u.name, gevent.spawn(_stream, h, cmd, u.name, emit)))
         gevent.joinall([j for _, _, j in jobs])
         for host, unit, j in jobs:

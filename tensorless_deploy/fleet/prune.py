@@ -11,7 +11,7 @@ from typing import Any
 
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.values import DeployedUnit, HostFacts
-from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
+from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, require_root
 from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.plan import engine_bin
@@ -80,6 +80,7 @@ def prune(
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
         facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
+        require_root(facts)  # another user would see neither root's images nor remove a file
         return facts, h.get_fact(DeployedUnits)
 
     found = dict(

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.fleet.connect import host_fact, on_each_host
+from tensorless_deploy.fleet.connect import host_command, host_fact, on_each_host
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.hub import controller_state_dir
 
@@ -115,16 +115,9 @@ class Receiver:
 def receive_command(state: Any, host: Any, partial: str, size: int) -> str:
     """The host side of one send (model-receive.sh bound), wrapped as pyinfra wraps every
     command for this host (sudo and su from its inventory data)."""
-    from pyinfra.api.command import StringCommand
-    from pyinfra.connectors.util import make_unix_command_for_host
-
-    from tensorless_deploy.fleet.connect import executor_arguments
     from tensorless_deploy.operations._run import script
 
-    cmd = script("model-receive", partial=partial, size=size)
-    executor = executor_arguments(state, host)
-    wrapped: StringCommand = make_unix_command_for_host(state, host, cmd, **executor)
-    return str(wrapped.get_raw_value())
+    return host_command(state, host, script("model-receive", partial=partial, size=size))
 
 
 def send_one(source: Path, receiver: Receiver, command: str, chunk: int = CHUNK) -> None:
@@ -236,7 +229,9 @@ def choose_transfer(
         return int(model), int(registry)
 
     hosts = [by_name[n] for n in probe]
-    codes = on_each_host(state, hosts, check, keep_connected=True) if hosts else []
+    codes = (
+        on_each_host(state, hosts, check, keep_connected=True, access="checked") if hosts else []
+    )
     for host, code in zip(hosts, codes, strict=True):
         if isinstance(code, str):  # the probe itself failed: pushing needs the same connection
             out[host.name] = ("push", f"the reachability check failed: {code}")
@@ -276,7 +271,9 @@ def _needs(
         )
         return (not blob.exists, not held)
 
-    read_back = on_each_host(state, unknown, read, keep_connected=True) if unknown else []
+    read_back = (
+        on_each_host(state, unknown, read, keep_connected=True, access="checked") if unknown else []
+    )
     for host, r in zip(unknown, read_back, strict=True):
         out[host.name] = (True, True) if isinstance(r, str) else r
     return out

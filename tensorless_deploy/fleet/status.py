@@ -12,7 +12,14 @@ from tensorless_deploy.decisions.checks import Check
 from tensorless_deploy.decisions.options import Flags, Options
 from tensorless_deploy.errors import UnknownModelError
 from tensorless_deploy.facts.values import LABEL_CARD, LABEL_MODEL, DeployedUnit, HostFacts
-from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
+from tensorless_deploy.fleet.connect import (
+    CANNOT_CONNECT,
+    AccessNeed,
+    disconnect,
+    new_state,
+    on_each_host,
+    require_root,
+)
 from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
@@ -37,6 +44,15 @@ class HostStatus:
     @property
     def cards_fail(self) -> bool:
         return any(c.status == "fail" for c in self.cards)
+
+    @property
+    def state(self) -> str:
+        """unreachable (no connection), unreadable (connected, but its units could not be
+        read: not root, facts unreadable), nothing deployed (read: no unit of this tool), or
+        deployed (its units say the rest)."""
+        if self.error is not None:
+            return "unreachable" if self.error.startswith(CANNOT_CONNECT) else "unreadable"
+        return "deployed" if self.units else "nothing deployed"
 
 
 def host_status(
@@ -73,6 +89,9 @@ def fleet_status(
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
         facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
+        # as another user the containers (and the keys of /metrics) cannot be read: the host
+        # is not readable, rather than drifted
+        require_root(facts)
         return facts, h.get_fact(DeployedUnits, secrets_root=SECRETS_DIR)
 
     results = on_each_host(state, hosts, read)
@@ -133,11 +152,17 @@ def unit_paths(name: str) -> tuple[str, str]:
     return (f"{QUADLET_DIR}/{name}.container", f"{SYSTEMD_DIR}/{name}.service")
 
 
-def read_units(state: Any, hosts: Sequence[Any]) -> dict[str, tuple[DeployedUnit, ...] | str]:
-    """Every host's units of this tool (or why they could not be read); connections stay open."""
+def read_units(
+    state: Any, hosts: Sequence[Any], access: AccessNeed = "root"
+) -> dict[str, tuple[DeployedUnit, ...] | str]:
+    """Every host's units of this tool (or why they could not be read); connections stay open.
+    access: "root" (stop, rollback, logs: their commands need root, checked first) or "sudo"
+    (a read that a plain user can make: targets)."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits
 
-    found = on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True)
+    found = on_each_host(
+        state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True, access=access
+    )
     return dict(zip([h.name for h in hosts], found, strict=True))
 
 
@@ -160,7 +185,7 @@ def fleet_targets(
 
     state = new_state(inventory)
     try:
-        found = read_units(state, hosts)
+        found = read_units(state, hosts, access="sudo")  # unit files: any user may read them
     finally:
         disconnect(hosts)
     read: list[HostUnits] = []
@@ -235,8 +260,12 @@ def stop(
         done = apply_steps(state, live, steps, dry=dry, nothing=f"{model} is not deployed here")
     finally:
         disconnect(hosts)
+    # a host whose units could not be read (unreachable, access.root) ran no command of stop's:
+    # everything there is as it was, and the line says so rather than leave it to be guessed
     return [
-        done[h.name] if h.name in done else HostResult(h.name, "failed", str(found[h.name]))
+        done[h.name]
+        if h.name in done
+        else HostResult(h.name, "failed", f"nothing stopped or removed: {found[h.name]}")
         for h in hosts
     ]
 

@@ -15,7 +15,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tensorless_deploy.decisions.checks import describe_gpu, match_gpus
+from tensorless_deploy.decisions.checks import (
+    check_line,
+    describe_gpu,
+    match_gpus,
+    survey_access_check,
+)
 from tensorless_deploy.decisions.options import DEFAULT_BIND, Options
 from tensorless_deploy.facts.values import LABEL_PORT, DeployedUnit, Gpu, HostFacts
 from tensorless_deploy.gguf.sizing import Sizings
@@ -127,7 +132,12 @@ def scratch_plan(
     idle card, at a free port on 127.0.0.1, named ``name``, without a key, TLS or /metrics
     (none changes what is measured, and the instance is reached through SSH only); the
     operator's extra args and a draft recipe as given. sizing: the recipe's memory sizing, as
-    deploy judges the card by it (None: memory not judged)."""
+    deploy judges the card by it (None: memory not judged). The transient unit is root's, as
+    deploy's units are: a host whose commands do not run as root is refused first
+    (access.root, as deploy refuses it)."""
+    access = survey_access_check(facts)
+    if access is not None and access.status != "ok":
+        return ScratchPlan(host, refusal=check_line(access))
     card = idle_card(facts, entry, units)
     if isinstance(card, str):
         return ScratchPlan(host, refusal=card)

@@ -296,7 +296,9 @@ def plan_host(
     model = entries[0].recipe.model.hf_repo if entries else None
     entry = select(entries, facts)
     if entry is None:
-        verdict = no_card_verdict(model or "?", [e.recipe for e in entries], facts, options)
+        verdict = no_card_verdict(
+            model or "?", [e.recipe for e in entries], facts, options, root=units
+        )
         return HostPlan(host, model, options, None, verdict)
     recipe = entry.recipe
     m = recipe.model
@@ -320,7 +322,8 @@ def plan_host(
     # with no instance laid out (no card holds it), the recipe's own unit is still its own
     existing = existing_on(facts, names or [base], paths.blob)
     ports = [port for _, port, _ in lay.instances] or [options.port]
-    verdict = host_verdict(facts, recipe, options, existing=existing, ports=ports)
+    # units are root's: a plan that writes them needs the host's commands to run as root
+    verdict = host_verdict(facts, recipe, options, existing=existing, ports=ports, root=units)
     memory = memory_check(fits)
     if memory is not None:
         verdict = dataclasses.replace(verdict, checks=(*verdict.checks, memory))

@@ -44,7 +44,8 @@ SELINUX = "selinux.devices"
 MODELS = "disk.model"
 DRIVER_LOCK = "driver.lock"
 STEP_ORDER = (ENGINE, TOOLKIT, CDI, UVM, CHAR_LINKS, SELINUX, MODELS, DRIVER_LOCK)
-# A failed check among these means the host cannot serve at all: prepare changes nothing there.
+# A failed check among these means the host cannot serve at all (or this login cannot change
+# it): prepare changes nothing there.
 DRIVER_CHECKS = (
     "driver.present",
     "driver.loaded",
@@ -52,7 +53,14 @@ DRIVER_CHECKS = (
     "driver.branch",
     "driver.module",
 )
-STOPS = (*DRIVER_CHECKS, "gpu.responsive", "card.match", "systemd.pid1", "recipe.state")
+STOPS = (
+    "access.root",
+    *DRIVER_CHECKS,
+    "gpu.responsive",
+    "card.match",
+    "systemd.pid1",
+    "recipe.state",
+)
 # The SELinux type the models directory gets where SELinux is enforcing: the units mount it
 # read-only, and a container may read files of this type.
 MODELS_LABEL = "container_ro_file_t"

@@ -26,8 +26,9 @@ from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.launch.read import FieldDrift, drift, read_unit
 
 State = Literal["serving", "loading", "unhealthy", "crash loop", "failed", "stopped"]
-# status's exit codes (docs/commands.md): the worst host decides
-EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT = 0, 1, 3
+# status's exit codes (docs/commands.md, docs/day-two.md): the worst host decides, in the order
+# 1, 4, 3, 0 (2 is every command's usage error)
+EXIT_OK, EXIT_UNHEALTHY, EXIT_DRIFT, EXIT_NOTHING = 0, 1, 3, 4
 
 
 @dataclass(frozen=True)
@@ -277,11 +278,17 @@ def _dedupe(items: Sequence[FieldDrift]) -> tuple[FieldDrift, ...]:
     return tuple(out)
 
 
-def exit_code(unreachable: bool, units: Sequence[UnitStatus], cards_fail: bool = False) -> int:
-    """0: everything serves as the catalog says; 1: a host unreachable, a unit not serving or
-    a card failing its health checks; 3: all serving, something drifted."""
+def exit_code(
+    unreachable: bool, units: Sequence[UnitStatus], cards_fail: bool = False, idle: bool = False
+) -> int:
+    """1: a host unreachable (or unreadable), a unit not serving or a card failing its health
+    checks; 4: a host read serves nothing of this tool (idle), so a monitor can tell "nothing
+    there" from "all well"; 3: all serving, something drifted; 0: everything serves as the
+    catalog says."""
     if unreachable or cards_fail or any(not u.healthy for u in units):
         return EXIT_UNHEALTHY
+    if idle:
+        return EXIT_NOTHING
     if any(u.drift for u in units):
         return EXIT_DRIFT
     return EXIT_OK

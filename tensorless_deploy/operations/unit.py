@@ -142,8 +142,12 @@ def removed(
     Stop a unit and remove its file, and with the model's coordinates its model file too.
 
     Whichever of ``paths`` exists is stopped, disabled and removed; nothing there is no change.
+    Then the host is read back: the service not active, its container gone, its port (the
+    unit's ``io.tensorless.port`` label) closed, the files removed; anything left fails the
+    operation with a ``left:`` line and the fix, and a unit whose stop fails keeps its file.
     Given all of ``models_dir``, ``repo``, ``revision``, ``filename`` and ``sha256``, the blob,
-    its partial file, stamp and snapshot link go as well (all five or none).
+    its partial file, stamp and snapshot link go as well (all five or none), read back the same
+    way.
 
     + service: the unit's name without ``.service``
     + paths: the unit files it may have been written as (quadlet and plain)
