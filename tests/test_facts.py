@@ -17,6 +17,7 @@ import pytest
 from pydantic_core import to_jsonable_python
 
 from tensorless_deploy.facts import maintain, nvidia, parsers
+from tensorless_deploy.facts.device import parse_device_log
 from tensorless_deploy.facts.errors import FactError
 from tensorless_deploy.facts.survey import host_facts_from_inventory, host_facts_from_survey
 from tensorless_deploy.facts.values import HostFacts, blocking_listeners
@@ -46,6 +47,9 @@ FACTS: dict[str, Callable[..., Any]] = {
     "cdi": _cdi_report,
     "selinux": parsers.parse_selinux,
     "pid1": parsers.parse_pid1,
+    "systemctl": parsers.parse_systemd_version,
+    "cgroup": parsers.parse_cgroups,
+    "device-log": parse_device_log,
     "nproc": parsers.parse_nproc,
     "df": parsers.parse_df,
     "ss": parsers.parse_ss,

@@ -20,6 +20,7 @@ from tensorless_deploy import shell
 from tensorless_deploy.hub import DEFAULT_MODELS_DIR, host_state_dir
 from tensorless_deploy.recipe.text import CONTROL
 
+from .device import DEVICE_LINE
 from .errors import FactError
 from .maintain import MAINTENANCE_RECORD, parse_maintenance
 from .nvidia import (
@@ -36,6 +37,7 @@ from .parsers import (
     analyse_cdi,
     nvidia_devices,
     parse_cdi_dump,
+    parse_cgroups,
     parse_df,
     parse_docker_version,
     parse_engine_paths,
@@ -48,12 +50,14 @@ from .parsers import (
     parse_quadlet_path,
     parse_selinux,
     parse_ss,
+    parse_systemd_version,
     parse_tool_state,
 )
 from .values import (
     COMPUTE_CAP,
     CdiReport,
     CdiSpec,
+    Cgroups,
     ContainerEngines,
     ContainerToolkit,
     DiskSpace,
@@ -191,7 +195,25 @@ def selinux_sections() -> tuple[Section, ...]:
 
 
 def init_sections() -> tuple[Section, ...]:
-    return (Section("pid1", "cat /proc/1/comm 2>/dev/null || ps -p 1 -o comm="),)
+    return (
+        Section("pid1", "cat /proc/1/comm 2>/dev/null || ps -p 1 -o comm="),
+        # which [Service] keys the units may use (RestartSteps= needs systemd 254)
+        Section("systemctl", f"{_need('systemctl')}; systemctl --version | head -n 1"),
+    )
+
+
+def cgroup_sections() -> tuple[Section, ...]:
+    """The cgroup tree a unit's container lands in, and the controllers it offers (a unit's
+    PidsLimit= needs pids): facts.parsers.parse_cgroups."""
+    return (
+        Section(
+            "cgroup",
+            't=$(stat -fc %T /sys/fs/cgroup 2>/dev/null) || exit 2; echo "fs $t"; '
+            'if [ "$t" = cgroup2fs ]; then echo "v2 $(cat /sys/fs/cgroup/cgroup.controllers)"; '
+            'else for d in /sys/fs/cgroup/*; do [ -d "$d" ] && [ ! -L "$d" ] && '
+            'echo "v1 ${d##*/}"; done; fi; exit 0',
+        ),
+    )
 
 
 def cpu_sections() -> tuple[Section, ...]:
@@ -223,7 +245,12 @@ def tool_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
     """What this tool put on the host: units, model blobs and their stamps, engine images."""
     _check_models_dir(models_dir)
     script = shell.load("tensorless_deploy.facts", "tool-state")
-    bound = shell.bind(script, models_dir=models_dir, state_dir=host_state_dir(models_dir))
+    bound = shell.bind(
+        script,
+        models_dir=models_dir,
+        state_dir=host_state_dir(models_dir),
+        device_re=DEVICE_LINE,
+    )
     return (Section("tensorless", bound),)
 
 
@@ -250,6 +277,7 @@ def all_sections(
         *cdi_sections(cdi_dirs),
         *selinux_sections(),
         *init_sections(),
+        *cgroup_sections(),
         *cpu_sections(),
         *disk_sections(models_dir),
         *port_sections(),
@@ -411,7 +439,19 @@ def read_selinux(sections: Mapping[str, SectionOutput]) -> Selinux:
 
 def read_init(sections: Mapping[str, SectionOutput]) -> InitSystem:
     pid1 = _section(sections, "pid1")
-    return parse_pid1(pid1.text, pid1.exit_code)
+    init = parse_pid1(pid1.text, pid1.exit_code)
+    # surveys captured before the systemctl section existed leave the version unknown
+    ctl = sections.get("systemctl")
+    if ctl is None:
+        return init
+    return init.model_copy(
+        update={"systemd_version": parse_systemd_version(ctl.text, ctl.exit_code)}
+    )
+
+
+def read_cgroups(sections: Mapping[str, SectionOutput]) -> Cgroups:
+    cgroup = _section(sections, "cgroup")
+    return parse_cgroups(cgroup.text, cgroup.exit_code)
 
 
 def read_cpus(sections: Mapping[str, SectionOutput]) -> int:
@@ -451,6 +491,7 @@ def build_host_facts(
     cdi_specs: Sequence[CdiSpec] | None = None,
     selinux: Selinux | None = None,
     init: InitSystem | None = None,
+    cgroups: Cgroups | None = None,
     cpus: int | None = None,
     disk: DiskSpace | None = None,
     listeners: Sequence[Listener] | None = None,
@@ -480,6 +521,7 @@ def build_host_facts(
             "cdi": cdi,
             "selinux": selinux,
             "init": init,
+            "cgroups": cgroups,
             "cpus": cpus,
             "disk": disk,
             "listeners": None if listeners is None else tuple(listeners),
@@ -520,6 +562,8 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         cdi_specs=read("cdi", read_cdi_specs),
         selinux=read("selinux", read_selinux),
         init=read("init", read_init),
+        # surveys captured before the cgroup section existed leave the tree unknown
+        cgroups=read("cgroup", read_cgroups) if "cgroup" in sections else None,
         cpus=read("cpus", read_cpus),
         disk=read("disk", read_disk),
         listeners=read("ports", read_listeners),
