@@ -44,7 +44,9 @@ if timeout "$timeout" systemctl "$verb" "$svc" 2>/dev/null && poll "$timeout"; t
     echo "$svc healthy after $took s at $url (its unit names no device: not checked)"
     exit 0
   fi
-  lines=$(device_lines "$svc")
+  lines=
+  # a CPU engine is on the CPU by design: no log to wait for
+  [ "$want" = cpu ] || lines=$(device_lines "$svc")
   if printf '%s\n' "$lines" | on_card "$want"; then
     # the previous unit stays as $path.tensorless-prev: `rollback` brings it back
     echo "$svc healthy after $took s at $url, on its device ($want)"
