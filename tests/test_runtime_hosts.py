@@ -31,6 +31,7 @@ import pytest
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host, profile_meta
 from tests.hosts.hf_server import HFServer
+from tests.hosts.pascal import pascal_image
 from tests.hosts.plugin import TINY_COMMIT, SshRunner
 
 pytestmark = pytest.mark.hosts
@@ -212,10 +213,11 @@ def _not_on_card_is_refused(fleet: Fleet, image: str, arch: str) -> None:
 def test_a_gpu_recipe_serving_on_the_cpu_is_refused_and_the_previous_unit_restored(
     fleet: Fleet,
 ) -> None:
-    """The logic the sm60 proof exercises, with the CPU test engine under a GPU recipe (arch
-    sm60): a llama-server that loads no CUDA backend, as the sm60 image does on a host whose
-    container gets no libcuda. CI runs this one."""
-    _not_on_card_is_refused(fleet, str(fleet.hosts_json["image"]["ref"]), "sm60")
+    """The logic the sm60 proof exercises, with the Pascal guard's sm60 test image under a GPU
+    recipe (arch sm60): the CPU test engine holding a libggml-cuda.so with sm_60 machine code,
+    labelled so (tests/hosts/pascal.py), which passes engine.code and loads no CUDA backend, as
+    the sm60 image does on a host whose container gets no libcuda. CI runs this one."""
+    _not_on_card_is_refused(fleet, pascal_image(fleet.hosts_json, "sm60"), "sm60")
 
 
 @pytest.mark.skipif(
