@@ -99,7 +99,12 @@ def fleet(
     ssh: SshRunner,
     clean_hosts: None,
 ) -> Iterator[Fleet]:
-    yield Fleet(tmp_path, {"HF_ENDPOINT": hf.url}, test_hosts, ssh, hosts_json)
+    # the engine.code check reads a GPU image's labels from the set's plain-HTTP registry here
+    registries = tmp_path / "registries.conf"
+    registries.write_text(f'[[registry]]\nlocation = "{hosts_json["registry"]}"\ninsecure = true\n')
+    env = {"HF_ENDPOINT": hf.url, "CONTAINERS_REGISTRIES_CONF": str(registries)}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # engine-image answers read afresh
+    yield Fleet(tmp_path, env, test_hosts, ssh, hosts_json)
 
 
 def _outcome(report: dict[str, Any], host: str) -> dict[str, Any]:
