@@ -8,7 +8,8 @@ input.json keys:
             are bypassed, so the renderer alone is exercised, e.g. an alias no recipe may have)
   spec      keyword arguments of build_launch_spec (engine, model_path, gpu_uuids, cpus, port,
             bind, context, extra_args)
-  render    {"kind": "quadlet", "notify_healthy": bool} or {"kind": "service", "engine_bin": ...}
+  render    {"kind": "quadlet", "notify_healthy": bool} or {"kind": "service", "engine_bin": ...},
+            either with "restart_backoff": bool (the host's systemd has RestartSteps=)
 """
 
 from __future__ import annotations
@@ -71,9 +72,15 @@ def render_case(data: dict[str, Any]) -> list[UnitFile]:
     spec = spec_for(data, recipe)
     digest = recipe_digest(recipe)
     how = data["render"]
+    backoff = bool(how.get("restart_backoff", False))
     if how["kind"] == "quadlet":
-        return [render_quadlet(spec, digest=digest, notify_healthy=bool(how["notify_healthy"]))]
-    return [render_service(spec, digest=digest, engine_bin=str(how["engine_bin"]))]
+        notify = bool(how["notify_healthy"])
+        return [render_quadlet(spec, digest=digest, notify_healthy=notify, restart_backoff=backoff)]
+    return [
+        render_service(
+            spec, digest=digest, engine_bin=str(how["engine_bin"]), restart_backoff=backoff
+        )
+    ]
 
 
 def rendered_files(data: dict[str, Any]) -> dict[str, str]:

@@ -48,6 +48,8 @@ FACTS: dict[str, Callable[..., Any]] = {
     "pid1": parsers.parse_pid1,
     "access": parsers.parse_access,
     "sudo": parsers.parse_sudo,
+    "systemctl": parsers.parse_systemd_version,
+    "cgroup": parsers.parse_cgroups,
     "nproc": parsers.parse_nproc,
     "df": parsers.parse_df,
     "ss": parsers.parse_ss,

@@ -23,6 +23,7 @@ import pytest
 
 from tests.hosts.fleet import tiny_recipe, write_catalog
 from tests.hosts.hf_server import HFServer
+from tests.hosts.pascal import pascal_image
 from tests.hosts.plugin import TINY_COMMIT
 
 pytestmark = pytest.mark.hosts
@@ -136,6 +137,7 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
     assert line.startswith("serving tensorless-test/tiny-llama-GGUF on http://127.0.0.1:18080"), (
         line + (run.stderr.read() if run.poll() is not None and run.stderr else "")
     )
+    assert ", on CPU (engine arch cpu); Ctrl-C stops and removes it)" in line, line
     body = json.dumps({"prompt": "hello", "max_tokens": 8, "temperature": 0}).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{PORT}/v1/completions",
@@ -176,6 +178,40 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
     assert run.wait(timeout=60) == 0
     left = subprocess.run(
         [*podman, "ps", "-a", "--format", "{{.Names}}"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "tensorless-tiny-p100" not in left.stdout
+
+
+def test_run_refuses_an_instance_that_serves_off_its_card(
+    tmp_path: Path, hosts_json: dict[str, Any], hf: HFServer, local_gpu: dict[str, str]
+) -> None:
+    """A GPU recipe (arch sm60) whose engine loads no CUDA backend (the Pascal guard's sm60
+    test image, tests/hosts/pascal.py: the CPU test engine with sm_60 machine code and its
+    labels, so engine.code passes; it stands for the sm60 image in a container without
+    libcuda): `run` sees /health 200, reads the container's own start log, stops it and exits 1
+    as not on its card. The CPU recipe itself is said to run on the CPU by design."""
+    env = {**local_gpu, "HF_ENDPOINT": hf.url}
+    recipe = tiny_recipe(hosts_json, TINY_COMMIT)
+    image = pascal_image(hosts_json, "sm60")
+    recipe["engine"] = {
+        **recipe["engine"],
+        "arch": "sm60",
+        "image": image,
+        "release": "engine-test",
+    }
+    catalog = write_catalog(tmp_path / "recipes", recipe)
+    run = _cli("run", "tiny", "--recipes", str(catalog), "--port", str(PORT), env=env)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 1, out + err
+    assert "answers /health after" in err and "but is not on its card (CUDA0" in err, err
+    assert "its CUDA backend never loaded (it loaded: CPU)" in err, err
+    assert "serving " not in out, out
+    left = subprocess.run(
+        ["podman", "ps", "-a", "--format", "{{.Names}}"],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -160,15 +160,25 @@ def test_the_key_reaches_a_unit_only_as_a_mounted_path_and_changes_no_tuning() -
         assert "curl -fsS --max-time 5 -k https://127.0.0.1:8080/health" in unit
 
 
-def test_heal_and_start_limit_in_every_unit_kind_that_can() -> None:
+def test_heal_and_always_restart_in_every_unit_kind_that_can() -> None:
     spec = build_launch_spec(
         recipe_for({"spec": {}}), engine="podman", model_path=BLOB, gpu_uuids=["GPU-1"], cpus=8
     )
     quadlet = render_quadlet(spec, digest="d", notify_healthy=True).content
-    assert "\nHealthOnFailure=kill\n" in quadlet and "\nRestart=on-failure\n" in quadlet
-    interval = 5 * (spec.start_timeout_s + 10)
-    for unit in (quadlet, render_service(spec, digest="d", engine_bin="/usr/bin/podman").content):
-        assert f"\nStartLimitIntervalSec={interval}\nStartLimitBurst=5\n" in unit
+    assert "\nHealthOnFailure=kill\n" in quadlet
+    service = render_service(spec, digest="d", engine_bin="/usr/bin/podman").content
+    for unit in (quadlet, service):
+        # an always-on server: a clean exit (podman stop) restarts too; no start limit ends it
+        assert "\nRestart=always\nRestartSec=10\n" in unit
+        assert "\nStartLimitIntervalSec=0\n" in unit and "StartLimitBurst" not in unit
+        assert "RestartSteps" not in unit  # only where the host's systemd has it
+    for unit in (
+        render_quadlet(spec, digest="d", notify_healthy=True, restart_backoff=True).content,
+        render_service(
+            spec, digest="d", engine_bin="/usr/bin/podman", restart_backoff=True
+        ).content,
+    ):
+        assert "\nRestartSec=10\nRestartSteps=5\nRestartMaxDelaySec=300\n" in unit
     assert (
         '"--health-on-failure" "kill"'
         in render_service(spec, digest="d", engine_bin="/usr/bin/podman").content

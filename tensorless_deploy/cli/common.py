@@ -203,6 +203,7 @@ def result_json(r: HostResult) -> dict[str, Any]:
         "transfer": r.transfer,
         "tuned": None if r.tuning is None else r.tuning.tuned,
         "untuned_reasons": [] if r.tuning is None else list(r.tuning.reasons),
+        "devices": list(r.devices),
         "failed_checks": [
             {"id": c.id, "evidence": c.evidence, "fix": c.fix} for c in r.failed_checks
         ],
@@ -219,6 +220,16 @@ def untuned_line(reasons: Sequence[str]) -> str:
     )
 
 
+def devices_line(r: HostResult) -> str | None:
+    """What a serving host's instances run on, as their start logs say: one line."""
+    known = [(a, d) for a, d in zip(r.addresses, r.devices, strict=False) if d]
+    if not known or not r.ok:
+        return None
+    if len({d for _, d in known}) == 1:
+        return f"device: {known[0][1]}"
+    return "devices: " + "; ".join(f"{a} {d}" for a, d in known)
+
+
 def print_results(results: Sequence[HostResult], verbose: int) -> None:
     for r in results:
         head = f"{r.host}: {paint(r.outcome, COLOURS.get(r.outcome, '0'))}"
@@ -229,6 +240,9 @@ def print_results(results: Sequence[HostResult], verbose: int) -> None:
             verb = "would serve on" if r.outcome == "would change" else "serving on"
             head += f"  {verb} {r.address}"
         print(head)
+        line = devices_line(r)
+        if line:
+            print(f"  {line}")
         if r.transfer and r.transfer.startswith("push"):
             print(f"  transfer: {r.transfer}")
         if r.tuning is not None and not r.tuning.tuned:

@@ -189,10 +189,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not spec.tuning.tuned:
         print(untuned_line(spec.tuning.reasons), file=sys.stderr)
 
-    def healthy(seconds: float) -> None:
+    def healthy(seconds: float, device: str) -> None:
         print(
             f"serving {r.run.alias} on {spec.url} (healthy after "
-            f"{seconds:.1f} s; Ctrl-C stops and removes it)",
+            f"{seconds:.1f} s, on {device}; Ctrl-C stops and removes it)",
             flush=True,
         )
 

@@ -68,17 +68,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     for h in report:
         if h.error:
             rows.append(
-                [h.host, paint(h.state, "1;31"), "-", "-", "-", "-", "-", "-", "-", h.error]
+                [h.host, paint(h.state, "1;31"), "-", "-", "-", "-", "-", "-", "-", "-", h.error]
             )
             continue
         cards = cards_word(h.cards)
         cards = cards if cards in ("ok", "-") else paint(cards, "1;31" if h.cards_fail else "33")
         if not h.units:
-            rows.append([h.host, paint(h.state, "33"), "", "", "", "", "", "", cards, ""])
+            rows.append([h.host, paint(h.state, "33"), "", "", "", "", "", "", "", cards, ""])
         for u in h.units:
             state = paint(u.state, STATE_COLOURS.get(u.state, "1;31"))
-            if u.state == "crash loop" and u.restarts is not None:
-                state += f" ({u.restarts} restarts)"
+            if u.state == "crash loop" and u.restarts:
+                state += f" ({u.restarts} restart{'s' * (u.restarts > 1)})"
             tuned = {True: "tuned", False: paint("untuned", "33"), None: "-"}[u.tuned]
             drift = "; ".join(f"{d.field}: {d.deployed} -> {d.wanted}" for d in u.drift)
             rows.append(
@@ -87,6 +87,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     f"{u.unit} ({u.model or '?'} on {u.card or '?'})",
                     u.address or "-",
                     state,
+                    u.device or "-",
                     tuned,
                     (u.recipe_digest or "-")[:19],
                     u.code
@@ -102,6 +103,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "UNIT",
         "ADDRESS",
         "STATE",
+        "DEVICE",
         "TUNING",
         "RECIPE",
         "CODE",
@@ -110,8 +112,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         "DRIFT",
     ]
     if not any(u.load or u.load_error for u in units):  # no unit serves /metrics: no column
+        at = head.index("LOAD")
         head.remove("LOAD")
-        rows = [row[:7] + row[8:] for row in rows]
+        rows = [row[:at] + row[at + 1 :] for row in rows]
     print(table(rows, head))
     word = {
         0: "all serving as the catalog says",

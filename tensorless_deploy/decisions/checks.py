@@ -13,6 +13,7 @@ from typing import Literal
 from tensorless_deploy.decisions.options import (
     DATA_API_KEY_FILE,
     DATA_INSECURE_OPEN,
+    DATA_PIDS_LIMIT,
     DATA_TLS_CERT_FILE,
     DATA_TLS_KEY_FILE,
     EngineChoice,
@@ -549,6 +550,40 @@ def _systemd_check(facts: HostFacts, options: Options) -> list[Check]:
     ]
 
 
+def cgroup_needs(options: Options) -> dict[str, str]:
+    """The cgroup controllers a unit's container asks for, each with the unit key that asks:
+    the OCI runtime refuses to create a container whose limit has no controller to hold it."""
+    return {"pids": f"PidsLimit={options.pids_limit}"} if options.pids_limit else {}
+
+
+def _cgroup_check(facts: HostFacts, options: Options) -> list[Check]:
+    tree = facts.cgroups
+    if tree is None:
+        return []
+    has = f"cgroup {tree.version}: {' '.join(tree.controllers) or 'no controller at all'}"
+    need = cgroup_needs(options)
+    if not need:
+        seen = f"the units ask for no cgroup controller ({DATA_PIDS_LIMIT} = 0); {has}"
+        return [Check("cgroup.controllers", "ok", seen)]
+    missing = [c for c in need if not tree.has(c)]
+    if not missing:
+        asks = ", ".join(f"{key} needs {c}" for c, key in need.items())
+        return [Check("cgroup.controllers", "ok", f"{asks}: present ({has})")]
+    keys = ", ".join(need[c] for c in missing)
+    return [
+        Check(
+            "cgroup.controllers",
+            "fail",
+            f"the units set {keys}, but this host's cgroup {tree.version} tree has no "
+            f"{' or '.join(missing)} controller ({has}): no container would start (crun: "
+            f"controller `{missing[0]}` is not available)",
+            f"set {DATA_PIDS_LIMIT} = 0 for this host in the inventory (the engine's own "
+            "default then applies), or boot it with the pids controller in its cgroup tree "
+            "(a nested container: delegate it)",
+        )
+    ]
+
+
 def _disk_check(facts: HostFacts, recipe: Recipe, existing: Existing) -> list[Check]:
     d = facts.disk
     if existing.model_present:
@@ -816,6 +851,7 @@ def host_verdict(
                     recipe.engine.arch, recipe.card.compute_capability, image, known
                 )
             )
+    checks += _cgroup_check(facts, options)
     if facts.gpus.state == "ok":
         uuids = (
             match.uuids if match is not None else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)

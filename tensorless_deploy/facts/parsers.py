@@ -24,6 +24,7 @@ from .values import (
     BlobState,
     CdiReport,
     CdiSpec,
+    Cgroups,
     CharLink,
     ContainerToolkit,
     DeployedUnit,
@@ -55,6 +56,7 @@ NVIDIA_SMI_FIELDS: tuple[str, ...] = (
     "memory.total",
     "memory.used",
     "driver_version",
+    "pci.bus_id",  # last: rows of the older 7-field query (fixtures) still read, without it
 )
 NVIDIA_SMI_QUERY = (
     f"nvidia-smi --query-gpu={','.join(NVIDIA_SMI_FIELDS)} --format=csv,noheader,nounits"
@@ -74,6 +76,7 @@ _INVALID_FIELD = re.compile(r'Field "([^"]*)" is not a valid field to query')
 _UUID = re.compile(r"GPU-[0-9A-Fa-f]+(?:-[0-9A-Fa-f]+)*")
 _DRIVER = re.compile(r"[0-9]+(?:\.[0-9]+)+")
 _INT = re.compile(r"[0-9]+")
+_PCI_BUS = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 _MIB = re.compile(r"([0-9]+)(?: ?MiB)?")
 _VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\.([0-9]+))?")
 
@@ -93,7 +96,8 @@ def _not_available(value: str) -> bool:
 def parse_gpu_row(line: str) -> Gpu | None:
     """One CSV row of NVIDIA_SMI_QUERY, or None when the line is not one."""
     parts = [part.strip() for part in line.split(",")]
-    if len(parts) < len(NVIDIA_SMI_FIELDS):
+    bus = parts.pop() if len(parts) > 1 and _PCI_BUS.fullmatch(parts[-1]) else None
+    if len(parts) < len(NVIDIA_SMI_FIELDS) - 1:
         return None
     index, uuid = parts[0], parts[1]
     cap, total, used, driver = parts[-4:]
@@ -121,6 +125,7 @@ def parse_gpu_row(line: str) -> Gpu | None:
         memory_total_mib=memory[0],
         memory_used_mib=memory[1],
         driver_version=None if _not_available(driver) else driver,
+        pci_bus_id=bus,
     )
 
 
@@ -490,6 +495,35 @@ def parse_sudo(output: str, exit_code: int) -> SudoProbe:
     return SudoProbe(state="failed", message=text or f"exit {exit_code}")
 
 
+_SYSTEMD_VERSION = re.compile(r"systemd ([0-9]+)\b")
+
+
+def parse_systemd_version(output: str, exit_code: int) -> int | None:
+    """``systemctl --version``'s first line, "systemd 257 (257.13-1~deb13u1)": 257; None when
+    there is no systemctl or it says something else."""
+    match = _SYSTEMD_VERSION.match(output.strip()) if exit_code == 0 else None
+    return int(match.group(1)) if match else None
+
+
+def parse_cgroups(output: str, exit_code: int) -> Cgroups:
+    """The cgroup section: ``fs TYPE`` (``stat -fc %T /sys/fs/cgroup``), then on cgroup v2
+    (``cgroup2fs``) ``v2 CONTROLLERS`` (its cgroup.controllers), else ``v1 NAMES`` (the
+    hierarchies mounted under /sys/fs/cgroup: cpu,cpuacct memory pids ...)."""
+    lines = _lines(output)
+    if exit_code != 0 or not lines or not lines[0].startswith("fs "):
+        raise FactError(f"cgroup: cannot tell the cgroup tree: {output.strip()[:200]!r}")
+    found: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        key, _, rest = line.partition(" ")
+        if key in ("v1", "v2"):
+            found.setdefault(key, []).extend(rest.split())
+    version = "v2" if lines[0] == "fs cgroup2fs" else "v1"
+    names: list[str] = []
+    for item in found.get(version, []):  # v1: "cpu,cpuacct" is one hierarchy of two
+        names += [n for n in item.split(",") if n and n not in names]
+    return Cgroups(version=version, controllers=tuple(names))
+
+
 def parse_nproc(output: str, exit_code: int) -> int:
     """``nproc``: the CPUs this login may use."""
     lines = _lines(output)
@@ -567,10 +601,10 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def parse_tool_state(output: str, exit_code: int) -> ToolState:
-    """The survey's ``tensorless`` section: lines ``@unit SHA256 PATH`` (then ``@label K=V`` and
-    ``@health CODE`` for it), ``@blob SIZE MTIME PATH`` (then ``@stamp TEXT``), ``@image REF``
-    and ``@images-ok ENGINE`` once that engine listed its images, ``@link TARGET PATH`` per
-    snapshot link."""
+    """The survey's ``tensorless`` section: lines ``@unit SHA256 PATH`` (then ``@label K=V``,
+    ``@health CODE`` and ``@device LINE`` for it), ``@blob SIZE MTIME PATH`` (then ``@stamp
+    TEXT``), ``@image REF`` and ``@images-ok ENGINE`` once that engine listed its images,
+    ``@link TARGET PATH`` per snapshot link."""
     if exit_code != 0:
         raise FactError(f"tool state: the survey section exited {exit_code}: {output.strip()}")
     units: list[dict[str, Any]] = []
@@ -597,6 +631,8 @@ def parse_tool_state(output: str, exit_code: int) -> ToolState:
                 units[-1]["labels"].setdefault(key, value)
         elif word == "@health" and last == "unit":
             units[-1]["health"] = int(rest) if rest.strip().isdigit() else 0
+        elif word == "@device" and last == "unit":
+            units[-1]["device_log"] = (*units[-1].get("device_log", ()), rest)
         elif word == "@blob":
             size, mtime, path = [*rest.split(" ", 2), "", ""][:3]
             name = posixpath.basename(path)
@@ -668,8 +704,9 @@ SERVICE_RESULTS = frozenset(
 def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
     """Blocks of ``@@unit NAME KIND PATH``, ``@@active``, ``@@systemd`` (NRestarts, Result and
     SubState, in any order), ``@@sha FILE [WRITTEN]``, ``@@prev SHA``, ``@@text LINE``...,
-    ``@@inspect JSON``, ``@@health CODE``, and when /metrics was read ``@@metric NAME VALUE``...
-    and ``@@metrics CODE`` (facts/scripts/deployed-units.sh)."""
+    ``@@inspect JSON``, ``@@device LINE``... (the running start's device lines), ``@@health
+    CODE``, and when /metrics was read ``@@metric NAME VALUE``... and ``@@metrics CODE``
+    (facts/scripts/deployed-units.sh)."""
     units: list[DeployedUnit] = []
     cur: dict[str, Any] | None = None
     lines: list[str] = []
@@ -742,6 +779,8 @@ def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
         elif line.startswith("@@health "):
             code = line.split(" ", 1)[1].strip()
             cur["health"] = int(code) if code.isdigit() else 0
+        elif line.startswith("@@device "):
+            cur["device_log"] = (*cur.get("device_log", ()), line[9:])
         elif line.startswith("@@metrics "):
             code = line.split(" ", 1)[1].strip()
             cur["metrics_status"] = int(code) if code.isdigit() else 0

@@ -31,6 +31,8 @@ TOOLKIT_REFRESH_PATH = "nvidia-cdi-refresh.path"
 OUR_REFRESH_SERVICE = "tensorless-cdi-refresh.service"
 OUR_REFRESH_PATH = "tensorless-cdi-refresh.path"
 OUR_UNIT_DIR = "/etc/systemd/system"
+# makes the NVIDIA device nodes and their /dev/char links at every boot (operations.prepare)
+OUR_NODES_SERVICE = "tensorless-nvidia-devices.service"
 
 
 class NodeState(TypedDict):
@@ -42,6 +44,11 @@ class GpuSpec(TypedDict):
     path: str
     driver_version: str | None  # the driver it was generated for
     devices: list[str]  # its device names: "0", "GPU-<uuid>", "all"
+
+
+class BootUnitState(TypedDict):
+    sha256: str | None  # of the unit file (None: not there)
+    enabled: str  # what `systemctl is-enabled` printed ('' for nothing)
 
 
 class RefreshState(TypedDict):
@@ -148,3 +155,24 @@ class DriverPackagesFact(FactBase[dict[str, Any]]):
             return found.model_dump(mode="json")
         except (FactError, KeyError) as exc:
             raise FactProcessError(f"driver packages: {exc}") from exc
+
+
+class NodesAtBoot(FactBase[BootUnitState]):
+    """The unit that makes the NVIDIA device nodes and /dev/char links at boot: its file's
+    sha256, and whether it is enabled."""
+
+    def command(self) -> str:
+        return "; ".join(
+            [
+                _sha("sha256", f"{OUR_UNIT_DIR}/{OUR_NODES_SERVICE}"),
+                _enabled("enabled", OUR_NODES_SERVICE),
+                "true",
+            ]
+        )
+
+    def process(self, output: Iterable[str]) -> BootUnitState:
+        seen: dict[str, str] = {}
+        for line in output:
+            key, _, value = line.strip().partition("=")
+            seen.setdefault(key, value)
+        return {"sha256": seen.get("sha256") or None, "enabled": seen.get("enabled", "")}

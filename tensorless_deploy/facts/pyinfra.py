@@ -20,6 +20,7 @@ from pyinfra.api.facts import FactBase
 from tensorless_deploy import shell
 from tensorless_deploy.hub import DEFAULT_MODELS_DIR
 
+from .device import DEVICE_LINE
 from .errors import FactError
 from .parsers import parse_blob_state, parse_deployed_units
 from .survey import (
@@ -300,9 +301,7 @@ class DeployedUnits(FactBase[tuple[DeployedUnit, ...]]):
         """With secrets_root (where the units' API keys are), also each metrics-enabled unit's
         llama-server /metrics, read with its key."""
         script = shell.load("tensorless_deploy.facts", "deployed-units")
-        return bounded_command(
-            shell.bind(script, secrets_root=secrets_root) if secrets_root else script
-        )
+        return bounded_command(shell.bind(script, secrets_root=secrets_root, device_re=DEVICE_LINE))
 
     def process(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
         return parse_deployed_units("\n".join(_lines(output, "the units' state")))

@@ -20,6 +20,7 @@ from tensorless_deploy import shell
 from tensorless_deploy.hub import DEFAULT_MODELS_DIR, host_state_dir
 from tensorless_deploy.recipe.text import CONTROL
 
+from .device import DEVICE_LINE
 from .errors import FactError
 from .maintain import MAINTENANCE_RECORD, parse_maintenance
 from .nvidia import (
@@ -37,6 +38,7 @@ from .parsers import (
     nvidia_devices,
     parse_access,
     parse_cdi_dump,
+    parse_cgroups,
     parse_df,
     parse_docker_version,
     parse_engine_paths,
@@ -50,6 +52,7 @@ from .parsers import (
     parse_selinux,
     parse_ss,
     parse_sudo,
+    parse_systemd_version,
     parse_tool_state,
 )
 from .values import (
@@ -57,6 +60,7 @@ from .values import (
     Access,
     CdiReport,
     CdiSpec,
+    Cgroups,
     ContainerEngines,
     ContainerToolkit,
     DiskSpace,
@@ -209,7 +213,25 @@ def selinux_sections() -> tuple[Section, ...]:
 
 
 def init_sections() -> tuple[Section, ...]:
-    return (Section("pid1", "cat /proc/1/comm 2>/dev/null || ps -p 1 -o comm="),)
+    return (
+        Section("pid1", "cat /proc/1/comm 2>/dev/null || ps -p 1 -o comm="),
+        # which [Service] keys the units may use (RestartSteps= needs systemd 254)
+        Section("systemctl", f"{_need('systemctl')}; systemctl --version | head -n 1"),
+    )
+
+
+def cgroup_sections() -> tuple[Section, ...]:
+    """The cgroup tree a unit's container lands in, and the controllers it offers (a unit's
+    PidsLimit= needs pids): facts.parsers.parse_cgroups."""
+    return (
+        Section(
+            "cgroup",
+            't=$(stat -fc %T /sys/fs/cgroup 2>/dev/null) || exit 2; echo "fs $t"; '
+            'if [ "$t" = cgroup2fs ]; then echo "v2 $(cat /sys/fs/cgroup/cgroup.controllers)"; '
+            'else for d in /sys/fs/cgroup/*; do [ -d "$d" ] && [ ! -L "$d" ] && '
+            'echo "v1 ${d##*/}"; done; fi; exit 0',
+        ),
+    )
 
 
 def cpu_sections() -> tuple[Section, ...]:
@@ -241,7 +263,12 @@ def tool_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
     """What this tool put on the host: units, model blobs and their stamps, engine images."""
     _check_models_dir(models_dir)
     script = shell.load("tensorless_deploy.facts", "tool-state")
-    bound = shell.bind(script, models_dir=models_dir, state_dir=host_state_dir(models_dir))
+    bound = shell.bind(
+        script,
+        models_dir=models_dir,
+        state_dir=host_state_dir(models_dir),
+        device_re=DEVICE_LINE,
+    )
     return (Section("tensorless", bound),)
 
 
@@ -269,6 +296,7 @@ def all_sections(
         *cdi_sections(cdi_dirs),
         *selinux_sections(),
         *init_sections(),
+        *cgroup_sections(),
         *cpu_sections(),
         *disk_sections(models_dir),
         *port_sections(),
@@ -430,7 +458,19 @@ def read_selinux(sections: Mapping[str, SectionOutput]) -> Selinux:
 
 def read_init(sections: Mapping[str, SectionOutput]) -> InitSystem:
     pid1 = _section(sections, "pid1")
-    return parse_pid1(pid1.text, pid1.exit_code)
+    init = parse_pid1(pid1.text, pid1.exit_code)
+    # surveys captured before the systemctl section existed leave the version unknown
+    ctl = sections.get("systemctl")
+    if ctl is None:
+        return init
+    return init.model_copy(
+        update={"systemd_version": parse_systemd_version(ctl.text, ctl.exit_code)}
+    )
+
+
+def read_cgroups(sections: Mapping[str, SectionOutput]) -> Cgroups:
+    cgroup = _section(sections, "cgroup")
+    return parse_cgroups(cgroup.text, cgroup.exit_code)
 
 
 def read_access(sections: Mapping[str, SectionOutput]) -> Access:
@@ -483,6 +523,7 @@ def build_host_facts(
     selinux: Selinux | None = None,
     init: InitSystem | None = None,
     access: Access | None = None,
+    cgroups: Cgroups | None = None,
     cpus: int | None = None,
     disk: DiskSpace | None = None,
     listeners: Sequence[Listener] | None = None,
@@ -513,6 +554,7 @@ def build_host_facts(
             "selinux": selinux,
             "init": init,
             "access": access,
+            "cgroups": cgroups,
             "cpus": cpus,
             "disk": disk,
             "listeners": None if listeners is None else tuple(listeners),
@@ -555,6 +597,8 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         init=read("init", read_init),
         # surveys captured before the section existed say nothing of who ran them
         access=read("access", read_access) if "access" in sections else None,
+        # surveys captured before the cgroup section existed leave the tree unknown
+        cgroups=read("cgroup", read_cgroups) if "cgroup" in sections else None,
         cpus=read("cpus", read_cpus),
         disk=read("disk", read_disk),
         listeners=read("ports", read_listeners),

@@ -12,7 +12,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, computed_field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
 Version = tuple[int, ...]
 
@@ -58,6 +65,9 @@ class Gpu(FactModel):
     memory_total_mib: int | None
     memory_used_mib: int | None
     driver_version: str | None
+    # nvidia-smi's pci.bus_id ("00000000:04:00.0"): what ties the CUDA device an instance
+    # reports to this card (decisions.device); None: not read. Kept out of dumps (facts JSON).
+    pci_bus_id: str | None = Field(default=None, exclude=True)
 
     @field_validator("compute_cap")
     @classmethod
@@ -293,11 +303,29 @@ class Login(FactModel):
 
 class InitSystem(FactModel):
     pid1: str | None  # the command name of PID 1
+    # `systemctl --version`'s number (257); None: not read. Kept out of dumps (facts JSON).
+    systemd_version: int | None = Field(default=None, exclude=True)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def systemd(self) -> bool:
         return self.pid1 == "systemd"
+
+
+CgroupVersion = Literal["v1", "v2"]
+
+
+class Cgroups(FactModel):
+    """The cgroup tree the container engine will put a unit's container in: cgroup v2 (one
+    tree, /sys/fs/cgroup/cgroup.controllers) or v1 (a hierarchy per controller), and the
+    controllers it offers. A controller the unit asks for (PidsLimit= needs pids) that is not
+    here makes the OCI runtime refuse to create the container."""
+
+    version: CgroupVersion
+    controllers: tuple[str, ...]
+
+    def has(self, controller: str) -> bool:
+        return controller in self.controllers
 
 
 class DiskSpace(FactModel):
@@ -547,6 +575,10 @@ LABEL_BIND = f"{LABEL_PREFIX}.bind"
 LABEL_PORT = f"{LABEL_PREFIX}.port"
 LABEL_TUNED = f"{LABEL_PREFIX}.tuned"
 LABEL_HEALTH = f"{LABEL_PREFIX}.health"  # the health URL, exactly as the health check polls it
+# the device the instance must report itself on: "cpu" (a CPU engine), "CUDA0@0000:04:00.0"
+# (the one GPU the container gets, by the PCI bus id nvidia-smi gives its UUID) or "CUDA0"
+# (the bus id unknown): decisions.device reads it, and so do the activation scripts
+LABEL_DEVICE = f"{LABEL_PREFIX}.device"
 
 UnitKind = Literal["quadlet", "service"]
 
@@ -561,6 +593,8 @@ class ToolUnit(FactModel):
     sha256: str
     labels: dict[str, str]
     health: int | None = None  # HTTP status; 0: no answer
+    # the device lines of the running instance's start log (facts.device.DEVICE_LINE)
+    device_log: tuple[str, ...] = ()
 
 
 class ModelBlobFile(FactModel):
@@ -630,6 +664,7 @@ class HostFacts(FactModel):
     selinux: Selinux | None = None
     init: InitSystem | None = None
     access: Access | None = None  # None: a survey captured before the access section
+    cgroups: Cgroups | None = None
     cpus: int | None = None
     disk: DiskSpace | None = None
     listeners: tuple[Listener, ...] | None = None
@@ -713,6 +748,8 @@ class DeployedUnit:
     # status of the GET (None: not read) and its llamacpp: samples, by name without the prefix
     metrics_status: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # the device lines of the running instance's start log (facts.device.DEVICE_LINE)
+    device_log: tuple[str, ...] = ()
 
     @property
     def edited(self) -> bool:

@@ -10,6 +10,7 @@ where a unit would change.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 from collections.abc import Callable, Sequence
@@ -17,10 +18,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from tensorless_deploy.decisions.checks import Check, Tuning
+from tensorless_deploy.decisions.device import CPU_DEVICE, DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.options import Flags
-from tensorless_deploy.facts.values import HostFacts
+from tensorless_deploy.facts.device import parse_device_log
+from tensorless_deploy.facts.values import LABEL_DEVICE, HostFacts
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_and_size
-from tensorless_deploy.hostplan.plan import HostPlan, plan_host
+from tensorless_deploy.fleet.unitlog import read_output
+from tensorless_deploy.hostplan.plan import HostPlan, Instance, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -52,6 +56,8 @@ class HostResult:
     transfer: str | None = None  # how model and image got there: pull or push, and why
     failed_checks: tuple[Check, ...] = ()
     steps: tuple[StepResult, ...] = field(default_factory=tuple)
+    # per instance, what it runs on as its own start log says (decisions.device), "" not known
+    devices: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -273,9 +279,67 @@ def _refused(plan: HostPlan) -> HostResult:
     )
 
 
+def _instance_of(plan: HostPlan, step: str) -> Instance | None:
+    """The instance a restart or serving step of serve_plan is for (named as _step names it)."""
+    kind = step.partition(" ")[0]
+    if kind not in ("restart", "serving"):
+        return None
+    count = len(plan.instances)
+    return next((i for i in plan.instances if _step(kind, i.ordinal, count) == step), None)
+
+
+def _read_steps(
+    plan: HostPlan, steps: tuple[StepResult, ...]
+) -> tuple[tuple[StepResult, ...], dict[int, DeviceVerdict], dict[str, str]]:
+    """Each activation step's output read (fleet.unitlog): the journal cut to its first error,
+    the device lines judged by the unit's label; the verdicts by instance, the failures' why."""
+    out, devices, why = [], {}, {}
+    for s in steps:
+        inst = _instance_of(plan, s.name)
+        if inst is None or not s.output:
+            out.append(s)
+            continue
+        uuid = inst.spec.gpu_uuids[0] if inst.spec.gpu_uuids else None
+        report = read_output(s.output, inst.spec.device, uuid)
+        out.append(dataclasses.replace(s, output=report.lines))
+        if report.device is not None:
+            devices[inst.ordinal] = report.device
+        if report.why and s.outcome == "failed":
+            why[s.name] = report.why
+    return tuple(out), devices, why
+
+
+def survey_devices(plan: HostPlan, facts: HostFacts) -> dict[int, DeviceVerdict]:
+    """For instances the survey found serving: what their start logs (kept by the survey) say
+    they run on. A start log no longer in the journal says nothing: no verdict then."""
+    tool = facts.tool
+    if tool is None:
+        return {}
+    out = {}
+    for inst in plan.instances:
+        there = next((u for u in tool.units if inst.unit and u.path == inst.unit.path), None)
+        if there is None or there.health != 200:
+            continue
+        label = there.labels.get(LABEL_DEVICE)
+        if label is None:
+            continue
+        report = parse_device_log(there.device_log)
+        if label != CPU_DEVICE and not report.said_anything:
+            continue
+        uuid = inst.spec.gpu_uuids[0] if inst.spec.gpu_uuids else None
+        out[inst.ordinal] = device_verdict(label, report, uuid)
+    return out
+
+
 def _result(
-    plan: HostPlan, steps: tuple[StepResult, ...], dry: bool, transfer: str | None
+    plan: HostPlan,
+    steps: tuple[StepResult, ...],
+    dry: bool,
+    transfer: str | None,
+    found: dict[int, DeviceVerdict] | None = None,
 ) -> HostResult:
+    steps, devices, why = _read_steps(plan, steps)
+    devices = {**(found or {}), **devices}
     failed = [s for s in steps if s.outcome == "failed"]
     outcome: Outcome
     if dry:
@@ -285,10 +349,19 @@ def _result(
     else:
         outcome = "changed" if any(s.outcome == "changed" for s in steps) else "unchanged"
     assert plan.entry is not None
+    reason = None
+    if failed:
+        name = failed[0].name
+        reason = f"{name} failed: {why[name]}" if name in why else f"{name} failed"
+    elif not dry and any(not v.ok for v in devices.values()):
+        # serving as the survey found it, but its own start log shows it elsewhere
+        outcome = "failed"
+        bad = next(v for v in devices.values() if not v.ok)
+        reason = f"serving, but not on its card: {bad.why}"
     return HostResult(
         host=plan.host,
         outcome=outcome,
-        reason=f"{failed[0].name} failed" if failed else None,
+        reason=reason,
         recipe=plan.entry.path,
         recipe_digest=plan.entry.digest,
         card=plan.card,
@@ -296,6 +369,9 @@ def _result(
         tuning=plan.instances[0].spec.tuning if plan.instances else None,
         transfer=transfer,
         steps=steps,
+        devices=tuple(
+            devices[i.ordinal].device if i.ordinal in devices else "" for i in plan.instances
+        ),
     )
 
 
@@ -334,12 +410,14 @@ def deploy(
     results: dict[str, HostResult] = {}
     plans: dict[str, HostPlan] = {}
     known: dict[str, dict[str, bool] | None] = {}
+    by_facts: dict[str, HostFacts] = {}
     token = _Token(request)
     try:
         for s in surveyed:
             if s.facts is None:
                 results[s.name] = HostResult(s.name, "failed", s.error)
                 continue
+            by_facts[s.name] = s.facts
             plan = plan_host(s.name, s.facts, entries, s.options, sizing=sizing)
             if plan.ok:
                 plans[s.name] = plan
@@ -353,7 +431,8 @@ def deploy(
             steps = known[name]
             assert steps is not None
             done = _judged(plan, steps, request.dry, {})
-            results[name] = _result(plan, done, request.dry, NOTHING_TO_FETCH)
+            found = survey_devices(plan, by_facts[name])
+            results[name] = _result(plan, done, request.dry, NOTHING_TO_FETCH, found)
 
         # What is missing where: the survey says, else (None) the transfer checks find out.
         missing = {
@@ -376,7 +455,8 @@ def deploy(
                 steps = known[name]
                 assert steps is not None
                 judged_steps = _judged(plan, steps, True, diffs.get(name, {}))
-                results[name] = _result(plan, judged_steps, True, transfers.get(name))
+                found = survey_devices(plan, by_facts[name])
+                results[name] = _result(plan, judged_steps, True, transfers.get(name), found)
 
         steps_meta: dict[str, dict[str, Any]] = {}
         took: dict[tuple[str, str], float] = {}

@@ -27,6 +27,7 @@ from tensorless_deploy.decisions.checks import (
     pick_engine,
     state_refusal,
 )
+from tensorless_deploy.decisions.device import expected_device
 from tensorless_deploy.decisions.memory import CardFit, fit_card, memory_check, own_bytes
 from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.errors import TensorlessError
@@ -39,6 +40,7 @@ from tensorless_deploy.launch.container import (
 from tensorless_deploy.launch.render import UnitFile, render_quadlet, render_service
 from tensorless_deploy.launch.spec import (
     API_KEY_NAME,
+    RESTART_STEPS_MIN_SYSTEMD,
     SECRETS_DIR,
     TLS_CERT_NAME,
     TLS_KEY_NAME,
@@ -354,6 +356,9 @@ def plan_host(
     # quadlet_supported: a podman whose quadlet has every key the units need (facts.values)
     quadlet = units and engine == "podman" and podman is not None and podman.quadlet_supported
     heal = engine == "podman" and (version is None or version >= HEALTH_ON_FAILURE_MIN_PODMAN)
+    # RestartSteps= where the host's systemd has it (an older one would warn of an unknown key)
+    systemd = facts.init.systemd_version if facts.init is not None else None
+    backoff = systemd is not None and systemd >= RESTART_STEPS_MIN_SYSTEMD
     instances: list[Instance] = []
     problem: str | None = None
     for ordinal, (name, port, gpu) in enumerate(lay.instances):
@@ -375,16 +380,22 @@ def plan_host(
             pids_limit=options.pids_limit,
             heal=heal,
             secrets_root=secrets_root,
+            device=expected_device(recipe.engine.arch, gpus),
         )
         unit: UnitFile | None = None
         if units:
             try:
                 if quadlet and podman is not None:
                     unit = render_quadlet(
-                        spec, digest=entry.digest, notify_healthy=podman.notify_healthy_supported
+                        spec,
+                        digest=entry.digest,
+                        notify_healthy=podman.notify_healthy_supported,
+                        restart_backoff=backoff,
                     )
                 else:
-                    unit = render_service(spec, digest=entry.digest, engine_bin=binary)
+                    unit = render_service(
+                        spec, digest=entry.digest, engine_bin=binary, restart_backoff=backoff
+                    )
             except TensorlessError as exc:  # this host's values cannot make a safe unit
                 problem = exc.message
         instances.append(Instance(ordinal, gpus, spec, unit))

@@ -240,14 +240,16 @@ def prepare_host(
         steps[UVM] = Step(
             UVM,
             "nvidia-uvm loaded now (modprobe, where the nvidia module is loaded) and at boot "
-            "(/etc/modules-load.d/nvidia-uvm.conf), its device nodes created "
-            "(nvidia-ctk system create-device-nodes --control-devices)",
+            "(/etc/modules-load.d/nvidia-uvm.conf), its device nodes created now (nvidia-ctk "
+            "system create-device-nodes --control-devices) and at every boot, before the served "
+            "units (tensorless-nvidia-devices.service)",
         )
     if CHAR_LINKS in failed:
         steps[CHAR_LINKS] = Step(
             CHAR_LINKS,
             "/dev/char links created now (nvidia-ctk system create-dev-char-symlinks "
-            "--create-all) and kept by the udev rule /etc/udev/rules.d/71-nvidia-dev-char.rules",
+            "--create-all), kept by the udev rule /etc/udev/rules.d/71-nvidia-dev-char.rules "
+            "and made again at every boot (tensorless-nvidia-devices.service)",
             {"nodes_pending": UVM in steps},
         )
     if SELINUX in failed:

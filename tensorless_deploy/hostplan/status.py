@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tensorless_deploy.decisions.checks import GPU_HUNG_FIX, Check
+from tensorless_deploy.decisions.device import CPU_DEVICE, DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.guard import branch_checks, health_checks
 from tensorless_deploy.decisions.options import DEFAULT_BIND, address
+from tensorless_deploy.facts.device import parse_device_log
 from tensorless_deploy.facts.survey import PROBE_TIMEOUT_S
 from tensorless_deploy.facts.values import (
     LABEL_BIND,
     LABEL_CARD,
+    LABEL_DEVICE,
     LABEL_MODEL,
     LABEL_PORT,
     LABEL_RECIPE_DIGEST,
@@ -121,6 +124,8 @@ class UnitStatus:
             return hit.group(1)
         return "PTX only" if "only PTX" in c.evidence else c.status.upper()
 
+    device: str | None = None  # what it runs on, as its start log says (None: not known)
+
     def json(self) -> dict[str, Any]:
         return {
             "unit": self.unit,
@@ -141,18 +146,36 @@ class UnitStatus:
             "engine_code": None
             if self.engine_code is None
             else {"status": self.engine_code.status, "evidence": self.engine_code.evidence},
+            "device": self.device,
             "drift": [
                 {"field": d.field, "deployed": d.deployed, "wanted": d.wanted} for d in self.drift
             ],
         }
 
 
+def device_of(u: DeployedUnit) -> DeviceVerdict | None:
+    """What a running unit's start log says it runs on, judged by its io.tensorless.device
+    label (None: no label, not running, or the start log is no longer in the journal)."""
+    label = u.unit_labels.get(LABEL_DEVICE)
+    if label is None or u.active != "active":
+        return None
+    report = parse_device_log(u.device_log)
+    if label != CPU_DEVICE and not report.said_anything:
+        return None
+    return device_verdict(label, report)
+
+
 def _state(u: DeployedUnit) -> State:
     if u.health == 200:
         return "serving"
-    # Restart=on-failure restarts a dying server until the start limit; systemd then leaves it
-    # failed (with the last run's Result: exit-code, not start-limit-hit, on systemd 257)
-    if u.result == "start-limit-hit" or (u.active == "failed" and (u.restarts or 0) > 0):
+    # Restart=always with no start limit: a dying server waits out RestartSec (auto-restart)
+    # and starts again, restart after restart, NRestarts counting; units of older versions
+    # (Restart=on-failure and a start limit) end failed with Result start-limit-hit, or on
+    # systemd 257 the last run's Result with NRestarts > 0
+    restarts = u.restarts or 0
+    if u.sub_state == "auto-restart" or u.result == "start-limit-hit":
+        return "crash loop"
+    if (u.active == "failed" or (u.active == "activating" and u.health != 503)) and restarts:
         return "crash loop"
     if u.active == "failed":
         return "failed"
@@ -215,6 +238,10 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
                 found.append(FieldDrift("image", u.image, plan.recipe.engine.image))
     state = _state(u)
     now, unread = load(u)
+    where_on = device_of(u)
+    if where_on is not None and not where_on.ok:
+        label = u.unit_labels.get(LABEL_DEVICE, "?")
+        found.append(FieldDrift("device", f"{where_on.device}: {where_on.why}", f"on {label}"))
     return UnitStatus(
         unit=u.name,
         kind=u.kind,
@@ -235,6 +262,7 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
         engine_code=next((c for c in plan.verdict.checks if c.id == "engine.code"), None)
         if plan is not None
         else None,
+        device=where_on.device if where_on is not None else None,
     )
 
 

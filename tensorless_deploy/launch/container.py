@@ -117,17 +117,23 @@ def health_command(spec: LaunchSpec) -> tuple[str, ...]:
     return ("curl", "-fsS", "--max-time", str(HEALTH_TIMEOUT_S), *insecure, spec.health_url)
 
 
-def container_options(spec: LaunchSpec, *, health: bool) -> tuple[Option, ...]:
+def container_options(
+    spec: LaunchSpec, *, health: bool, startup_probe: bool = False
+) -> tuple[Option, ...]:
     """Every option of the container, in run-flag order. health: the engine's own health
-    check (the units have it; a foreground run polls /health itself instead)."""
+    check (the units have it; a foreground run polls /health itself instead). startup_probe:
+    podman's startup health check gates the regular one (quadlet_startup_keys): the regular
+    check then starts once the server is up, and needs no start period of its own (with one,
+    failures of a server that hangs right after its start would not count until it ended)."""
     opts: list[Option] = []
     if health:
+        period = 0 if startup_probe else spec.start_timeout_s
         opts += [
             Option("health_cmd", " ".join(health_command(spec))),
             Option("health_interval", f"{HEALTH_INTERVAL_S}s"),
             Option("health_timeout", f"{HEALTH_TIMEOUT_S}s"),
             Option("health_retries", str(HEALTH_RETRIES)),
-            Option("health_start_period", f"{spec.start_timeout_s}s"),
+            Option("health_start_period", f"{period}s"),
         ]
         if spec.heal and spec.engine == "podman":  # docker has no --health-on-failure
             opts.append(Option("health_on_failure", "kill"))

@@ -121,6 +121,7 @@ SPEC_FIELDS = {
     "metrics": "in args (--metrics) and a label annotation",
     "pids_limit": "no pod field: the kubelet's podPidsLimit is the node's configuration",
     "heal": "the liveness probe: the kubelet restarts a failing container",
+    "device": "an annotation (the io.tensorless.device label); the pod's start log is not read",
 }
 
 

@@ -20,7 +20,12 @@ from tensorless_deploy.launch.container import (
     quadlet_startup_keys,
     run_argv,
 )
-from tensorless_deploy.launch.spec import RESTART_SEC, START_LIMIT_BURST, LaunchSpec
+from tensorless_deploy.launch.spec import (
+    RESTART_MAX_DELAY_S,
+    RESTART_SEC,
+    RESTART_STEPS,
+    LaunchSpec,
+)
 
 QUADLET_DIR = "/etc/containers/systemd"
 SYSTEMD_DIR = "/etc/systemd/system"
@@ -174,31 +179,48 @@ def _key_lines(keys: list[tuple[str, str, Escape]]) -> list[str]:
     return [f"{key}={_ESCAPES[escape](value)}" for key, value, escape in keys]
 
 
-def _service_keys() -> dict[str, int]:
-    """Restart= with its pause, and the start limit that ends a crash loop (the unit is then
-    failed, NRestarts and Result say why): the same in both unit kinds."""
-    return {"restart_sec": RESTART_SEC, "start_limit_burst": START_LIMIT_BURST}
+def _service_keys(restart_backoff: bool) -> dict[str, object]:
+    """Restart=always with its pause, growing (RestartSteps=, systemd 254+) where the host's
+    systemd has it, and no start limit: an always-on server is started again after anything but
+    a stop asked of systemd, a crash loop included (launch.spec). The same in both unit kinds."""
+    backoff = (
+        [("RestartSteps", RESTART_STEPS), ("RestartMaxDelaySec", RESTART_MAX_DELAY_S)]
+        if restart_backoff
+        else []
+    )
+    return {"restart_sec": RESTART_SEC, "restart_backoff": backoff}
 
 
-def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> UnitFile:
-    """A rootful quadlet .container (podman >= 4.4); Notify=healthy from podman 5."""
+def render_quadlet(
+    spec: LaunchSpec, *, digest: str, notify_healthy: bool, restart_backoff: bool = False
+) -> UnitFile:
+    """A rootful quadlet .container (podman >= 4.4); Notify=healthy from podman 5.
+    restart_backoff: the host's systemd has RestartSteps= (spec.RESTART_STEPS_MIN_SYSTEMD)."""
     _check_spec(spec)
     if spec.engine != "podman":
         raise RenderError(f"{spec.name}: quadlet units run podman, not {spec.engine}")
-    keys = quadlet_keys(container_options(spec, health=True))
+    keys = quadlet_keys(container_options(spec, health=True, startup_probe=notify_healthy))
     keys.insert(1, ("Image", spec.image, "raw"))
     if notify_healthy:
         keys += quadlet_startup_keys(spec)
     text = (
         _env()
         .get_template("quadlet.container.j2")
-        .render(spec=spec, digest=digest, container=_key_lines(keys), **_service_keys())
+        .render(
+            spec=spec,
+            digest=digest,
+            container=_key_lines(keys),
+            **_service_keys(restart_backoff),
+        )
     )
     return UnitFile(f"{QUADLET_DIR}/{spec.name}.container", text, f"{spec.name}.service", "quadlet")
 
 
-def render_service(spec: LaunchSpec, *, digest: str, engine_bin: str) -> UnitFile:
-    """A plain systemd .service running podman (older than 4.4) or docker in the foreground."""
+def render_service(
+    spec: LaunchSpec, *, digest: str, engine_bin: str, restart_backoff: bool = False
+) -> UnitFile:
+    """A plain systemd .service running podman (older than 4.7) or docker in the foreground.
+    restart_backoff: as render_quadlet's."""
     _check_spec(spec)
     exec_start = run_argv(spec, engine_bin, health=True)
     text = (
@@ -209,7 +231,7 @@ def render_service(spec: LaunchSpec, *, digest: str, engine_bin: str) -> UnitFil
             digest=digest,
             engine_bin=engine_bin,
             exec_start=exec_start,
-            **_service_keys(),
+            **_service_keys(restart_backoff),
         )
     )
     return UnitFile(f"{SYSTEMD_DIR}/{spec.name}.service", text, f"{spec.name}.service", "service")

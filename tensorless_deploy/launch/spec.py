@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tensorless_deploy.decisions.checks import EngineName, Tuning, threads_for, tuning
+from tensorless_deploy.decisions.device import CUDA_DEVICE, expected_device
 from tensorless_deploy.decisions.options import DEFAULT_PIDS_LIMIT, address, reach_host
 from tensorless_deploy.facts.values import (
     LABEL_BIND,
     LABEL_CARD,
+    LABEL_DEVICE,
     LABEL_HEALTH,
     LABEL_MODEL,
     LABEL_PORT,
@@ -34,16 +36,25 @@ _PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
 START_TIMEOUT_BASE_S = 120
 START_TIMEOUT_BYTES_PER_S = 50_000_000
 # The health check: how often, how long one probe may take, how many failures make it unhealthy;
-# unhealthy: killed and restarted (a hung server is found within about 3 x 10 s + 5 s, once the
-# start period, the start timeout, has passed).
+# unhealthy: killed and restarted (a hung server is found within about 3 x 10 s + 5 s; where the
+# startup probe gates the check (podman 5) from the moment the server is up, else once the start
+# period, the start timeout, has passed).
 HEALTH_INTERVAL_S = 10
 HEALTH_TIMEOUT_S = 5
 HEALTH_RETRIES = 3
 HEALTH_STARTUP_INTERVAL_S = 1  # while loading, with Notify=healthy (podman 5)
-# A crash loop ends: at most this many starts within START_LIMIT_BURST x (the start timeout +
-# RESTART_SEC), so even starts that each fail only at their timeout are counted.
+# An always-on server comes back from anything but a stop asked of systemd (Restart=always, no
+# start limit: a crash loop never leaves the unit down for good). It is started again RESTART_SEC
+# after it ended; where systemd has RestartSteps= (254 and later) the pause grows over
+# RESTART_STEPS restarts to RESTART_MAX_DELAY_S, so a server that keeps failing costs one start
+# every five minutes, and one whose cause went away (a disk freed, a GPU back) serves again.
 RESTART_SEC = 10
-START_LIMIT_BURST = 5
+RESTART_STEPS = 5
+RESTART_MAX_DELAY_S = 300
+RESTART_STEPS_MIN_SYSTEMD = 254
+# llama-server's log verbosity: 4 ("trace") prints its library's INFO lines, among them where
+# the model went (facts.device); the default, 3, prints none of them.
+LOG_VERBOSITY = 4
 # The engine image contract (engine/README.md): llama-server runs as this plain user; the units
 # say so themselves, so an image that declares none (the CPU test image) runs as it too.
 ENGINE_UID = 10001
@@ -151,6 +162,7 @@ class LaunchSpec:
     metrics: bool = False
     pids_limit: int | None = None  # None: none set by the tool (the engine's default)
     heal: bool = True  # an unhealthy container is killed (podman --health-on-failure=kill)
+    device: str = CUDA_DEVICE  # where it must say it runs (decisions.device.expected_device)
 
     @property
     def address(self) -> str:
@@ -168,10 +180,6 @@ class LaunchSpec:
     @property
     def api_key(self) -> bool:
         return any(s.name == API_KEY_NAME for s in self.secrets)
-
-    @property
-    def start_limit_interval_s(self) -> int:
-        return START_LIMIT_BURST * (self.start_timeout_s + RESTART_SEC)
 
     @property
     def cdi_devices(self) -> tuple[str, ...]:
@@ -196,10 +204,14 @@ def build_launch_spec(
     pids_limit: int | None = DEFAULT_PIDS_LIMIT,
     heal: bool = True,
     secrets_root: str = SECRETS_DIR,
+    device: str | None = None,
 ) -> LaunchSpec:
     """The one way a recipe becomes a container, for deploy, serve and run alike. api_key and
     tls say that the operator's key file / certificate pair is installed for this unit (under
-    secrets_root/NAME/); none of them changes what was measured, so none touches tuning."""
+    secrets_root/NAME/); none of them changes what was measured, so none touches tuning.
+    device: where the instance must say it runs (decisions.device.expected_device of its cards;
+    None: by the recipe's engine arch alone, the card not tied to a bus id)."""
+    where_on = device if device is not None else expected_device(recipe.engine.arch, ())
     threads = threads_for(recipe, cpus)
     tune = tuning(recipe, context, extra_args)
     unit = name or unit_name(recipe)
@@ -235,6 +247,8 @@ def build_launch_spec(
         str(threads),
         "-tb",
         str(threads),
+        "-lv",
+        str(LOG_VERBOSITY),
         *operator_args,
         *recipe.run.args,
         *extra_args,
@@ -251,6 +265,7 @@ def build_launch_spec(
         (LABEL_AUTH, "api-key" if api_key else "none"),
         (LABEL_TLS, "true" if tls else "false"),
         (LABEL_METRICS, "true" if metrics else "false"),
+        (LABEL_DEVICE, where_on),
     )
     return LaunchSpec(
         name=unit,
@@ -272,4 +287,5 @@ def build_launch_spec(
         metrics=metrics,
         pids_limit=pids_limit or None,
         heal=heal,
+        device=where_on,
     )

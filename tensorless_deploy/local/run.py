@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import shutil
 import signal
 import ssl
@@ -18,7 +19,9 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
+from tensorless_deploy.decisions.device import DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.options import api_key_text, pem_text
+from tensorless_deploy.facts.device import DEVICE_LINE, parse_device_log
 from tensorless_deploy.launch.container import run_argv
 from tensorless_deploy.launch.spec import (
     API_KEY_NAME,
@@ -144,21 +147,43 @@ def health_status(url: str) -> int:
         return 0
 
 
+def device_report(spec: LaunchSpec, engine: str, *, tries: int = 4) -> DeviceVerdict:
+    """What the running container's start log says it runs on (``ENGINE logs``, its device
+    lines), judged by the spec's device (decisions.device); read again for a few seconds until
+    it tells where the layers went, as the engine's log may trail the health answer."""
+    pattern = re.compile(DEVICE_LINE)
+    uuid = spec.gpu_uuids[0] if spec.gpu_uuids else None
+    verdict = device_verdict(spec.device, parse_device_log(()), uuid)
+    for attempt in range(tries):
+        proc = subprocess.run(
+            [engine, "logs", spec.name], capture_output=True, text=True, timeout=60
+        )
+        lines = [x for x in (proc.stdout + proc.stderr).splitlines() if pattern.search(x)]
+        report = parse_device_log(lines)
+        verdict = device_verdict(spec.device, report, uuid)
+        if verdict.ok or report.offloaded is not None or attempt == tries - 1:
+            break
+        time.sleep(1)
+    return verdict
+
+
 def run_foreground(
     spec: LaunchSpec,
     engine: str,
     *,
-    on_healthy: Callable[[float], None],
+    on_healthy: Callable[[float, str], None],
     sources: Sequence[tuple[str, str]] = (),
 ) -> int:
     """Start the container in the foreground, wait for /health (503 and a refused connection
-    mean loading), report, and on Ctrl-C or SIGTERM stop and remove it; one signal is enough.
-    sources: the operator's key and TLS files (name, path here), staged for the run only."""
+    mean loading), check that its own start log shows it on its device (else stop it and
+    refuse: not on its card), report, and on Ctrl-C or SIGTERM stop and remove it; one signal
+    is enough. sources: the operator's key and TLS files (name, path here), staged for the run
+    only."""
     with staged_secrets(spec, sources):
         return _run_foreground(spec, engine, on_healthy)
 
 
-def _run_foreground(spec: LaunchSpec, engine: str, on_healthy: Callable[[float], None]) -> int:
+def _run_foreground(spec: LaunchSpec, engine: str, on_healthy: Callable[[float, str], None]) -> int:
     proc = subprocess.Popen(container_argv(spec, engine), start_new_session=True)
     stopping = False
 
@@ -175,7 +200,16 @@ def _run_foreground(spec: LaunchSpec, engine: str, on_healthy: Callable[[float],
         deadline = t0 + spec.start_timeout_s
         while proc.poll() is None and not stopping:
             if health_status(spec.health_url) == 200:
-                on_healthy(time.monotonic() - t0)
+                took = time.monotonic() - t0
+                where = device_report(spec, engine)
+                if not where.ok:
+                    stop(signal.SIGTERM, None)
+                    raise LocalError(
+                        f"{spec.name} answers /health after {took:.1f} s, but is not on its "
+                        f"card ({spec.device}): {where.why}",
+                        fix="see the server's start log above (its device lines); stopped",
+                    )
+                on_healthy(took, where.device)
                 break
             if time.monotonic() > deadline:
                 stop(signal.SIGTERM, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Generator
 from typing import Any
@@ -14,16 +15,16 @@ Commands = Generator[Any, None, None]
 PACKAGE = "tensorless_deploy.operations"
 
 
-LIB_DIRECTIVE = "# needs: lib.sh"
+# "# needs: lib.sh" (the model scripts' functions) or "# needs: unit-lib.sh" (the unit scripts')
+_NEEDS = re.compile(r"^# needs: ([a-z-]+)\.sh$", re.MULTILINE)
 
 
 def bound(which: str, /, **params: str | int) -> str:
     """operations/scripts/<which>.sh with its parameters bound, as shell text; a script that
-    says ``# needs: lib.sh`` gets lib.sh's functions before it."""
+    says ``# needs: NAME.sh`` gets that file's functions before it."""
     text = shell.load(PACKAGE, which)
-    if LIB_DIRECTIVE in text:
-        text = shell.load(PACKAGE, "lib") + "\n" + text
-    return shell.bind(text, **params)
+    libs = [shell.load(PACKAGE, name) for name in _NEEDS.findall(text)]
+    return shell.bind("\n".join([*libs, text]), **params)
 
 
 def script(which: str, /, **params: str | int) -> StringCommand:

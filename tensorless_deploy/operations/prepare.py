@@ -32,6 +32,7 @@ from pyinfra.operations.selinux import Boolean
 
 from tensorless_deploy.facts.nvidia import DRIVER_PIN_FILE
 from tensorless_deploy.facts.prepare import (
+    OUR_NODES_SERVICE,
     OUR_REFRESH_PATH,
     OUR_REFRESH_SERVICE,
     OUR_UNIT_DIR,
@@ -40,6 +41,7 @@ from tensorless_deploy.facts.prepare import (
     CdiRefresh,
     DriverPackagesFact,
     GpuCdiSpecs,
+    NodesAtBoot,
     NvidiaNodes,
 )
 from tensorless_deploy.facts.pyinfra import FileSha256
@@ -81,6 +83,31 @@ UDEV_RULE_TEXT = (
     'ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", '
     'RUN+="/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all"\n'
 )
+NODES_SERVICE = f"{OUR_UNIT_DIR}/{OUR_NODES_SERVICE}"
+NODES_SERVICE_TEXT = """\
+# tensorless-deploy prepare (gpu.uvm, gpu.char_links): the NVIDIA device nodes a GPU container
+# needs (/dev/nvidia-uvm, nvidiactl) and their /dev/char links exist only once something makes
+# them; the driver makes none at boot. This makes them at every boot, before sysinit.target and
+# so before any served unit starts, with the NVIDIA Container Toolkit's own commands (what
+# NVIDIA's guides do at boot with nvidia-modprobe, or its GPU operator with nvidia-ctk).
+# /etc/modules-load.d/nvidia-uvm.conf has loaded the module by then.
+[Unit]
+Description=NVIDIA device nodes and /dev/char links for GPU containers (tensorless-deploy)
+DefaultDependencies=no
+After=local-fs.target systemd-modules-load.service systemd-udev-trigger.service
+Before=sysinit.target shutdown.target
+Conflicts=shutdown.target
+ConditionPathExists=/usr/bin/nvidia-ctk
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=-/usr/bin/nvidia-ctk system create-device-nodes --control-devices
+ExecStart=/usr/bin/nvidia-ctk system create-dev-char-symlinks --create-all
+
+[Install]
+WantedBy=sysinit.target
+"""
 REFRESH_SERVICE_TEXT = f"""\
 # tensorless-deploy prepare (toolkit.cdi): this host's NVIDIA Container Toolkit ships no CDI
 # refresh units (they come with 1.18), so this regenerates the spec for the installed driver at
@@ -120,9 +147,26 @@ def _file(path: str, text: str) -> Commands:
     """A small root-owned 0644 file with this content, written only when its sha256 differs."""
     if host.get_fact(FileSha256, path=path) == _sha256(text):
         return
+    yield from _write(path, text)
+
+
+def _write(path: str, text: str) -> Commands:
     yield StringCommand("mkdir", "-p", posixpath.dirname(path))
     yield FileUploadCommand(StringIO(text), path)
     yield StringCommand("chmod", "644", path)
+
+
+def _nodes_at_boot() -> list[Any]:
+    """The unit that makes the device nodes and links again at every boot, written and enabled
+    where it is not (what prepare makes now must hold after a reboot)."""
+    state = host.get_fact(NodesAtBoot)
+    commands: list[Any] = []
+    if state["sha256"] != _sha256(NODES_SERVICE_TEXT):
+        commands += [*_write(NODES_SERVICE, NODES_SERVICE_TEXT)]
+        commands.append(StringCommand("systemctl", "daemon-reload"))
+    if state["enabled"] != "enabled":
+        commands.append(StringCommand("systemctl", "enable", "-q", OUR_NODES_SERVICE))
+    return commands
 
 
 def _installed(have: dict[str, Sequence[str]], name: str, version: str | None) -> bool:
@@ -288,12 +332,14 @@ def cdi_spec(driver_version: str, gpu_uuids: Sequence[str] = ()) -> Commands:
 @operation()
 def uvm(modules_load: str = MODULES_LOAD) -> Commands:
     """
-    Load nvidia-uvm now and at boot, and make its device nodes (check gpu.uvm).
+    Load nvidia-uvm and make its device nodes, now and at every boot (check gpu.uvm).
 
     Loaded with ``modprobe`` where this kernel has the nvidia module loaded (a container that
-    shares its host's kernel has none to load); listed in a modules-load.d file for the next
+    shares its host's kernel has none to load) and listed in a modules-load.d file for the next
     boot; the nodes made by ``nvidia-ctk system create-device-nodes --control-devices`` when
-    ``/dev/nvidia-uvm`` is missing.
+    ``/dev/nvidia-uvm`` is missing, and again at every boot by
+    ``tensorless-nvidia-devices.service`` (enabled, ordered before sysinit.target, so before any
+    served unit), which also makes their /dev/char links.
 
     + modules_load: the modules-load.d file that loads it at boot
 
@@ -313,20 +359,22 @@ def uvm(modules_load: str = MODULES_LOAD) -> Commands:
         commands.append(
             StringCommand("nvidia-ctk", "system", "create-device-nodes", "--control-devices")
         )
+    commands += _nodes_at_boot()
     if not commands:
-        host.noop(f"/dev/nvidia-uvm present, {modules_load} in place")
+        host.noop(f"/dev/nvidia-uvm present, {modules_load} and {OUR_NODES_SERVICE} in place")
     yield from commands
 
 
 @operation()
 def char_links(nodes_pending: bool = False) -> Commands:
     """
-    Link every NVIDIA device node under /dev/char, now and at each driver load (gpu.char_links).
+    Link every NVIDIA device node under /dev/char, now and at every boot (gpu.char_links).
 
     ``/dev/char/MAJOR:MINOR`` for every NVIDIA node, made now by ``nvidia-ctk system
-    create-dev-char-symlinks --create-all`` and after every driver load by the udev rule NVIDIA
-    documents for it (``/etc/udev/rules.d/71-nvidia-dev-char.rules``): without them
-    ``systemctl daemon-reload`` can cut running containers off their GPU.
+    create-dev-char-symlinks --create-all``, after every driver load by the udev rule NVIDIA
+    documents for it (``/etc/udev/rules.d/71-nvidia-dev-char.rules``), and at every boot by
+    ``tensorless-nvidia-devices.service`` (for the nodes made after the driver bound): without
+    them ``systemctl daemon-reload`` can cut running containers off their GPU.
 
     + nodes_pending: an earlier step of this run creates device nodes: link them too
 
@@ -343,8 +391,12 @@ def char_links(nodes_pending: bool = False) -> Commands:
         commands.append(
             StringCommand("nvidia-ctk", "system", "create-dev-char-symlinks", "--create-all")
         )
+    commands += _nodes_at_boot()
     if not commands:
-        host.noop(f"every NVIDIA node has its /dev/char link, {UDEV_RULE} in place")
+        host.noop(
+            f"every NVIDIA node has its /dev/char link, {UDEV_RULE} and {OUR_NODES_SERVICE} "
+            "in place"
+        )
     yield from commands
 
 

@@ -11,6 +11,7 @@ from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
+from tensorless_deploy.facts.device import DEVICE_LINE
 from tensorless_deploy.facts.pyinfra import FileSha256, HttpStatus, ModelBlob
 from tensorless_deploy.hub import cache_paths, host_state_dir
 from tensorless_deploy.operations._run import Commands, script
@@ -73,14 +74,17 @@ def unit(
 @operation()
 def serving(path: str, health_url: str, timeout_s: int, restart: bool = False) -> Commands:
     """
-    Make a unit's service run and answer ``/health`` with 200, restarting it when asked.
+    Make a unit's service run, answer ``/health`` and serve on its device, restarting on ask.
 
     Nothing is done while ``/health`` answers 200 (the ``HttpStatus`` fact) and no restart is
     asked for; otherwise the service is started (or restarted) and waited for, 503 "Loading
-    model" and a refused connection meaning "still loading". A restarted unit that does not
-    become healthy gives way to the previous file (or is removed when there was none), and the
-    operation fails with the journal's last lines. Not idempotent with ``restart=True``: ask for
-    a restart exactly when the unit changed (``_if=written.did_change``).
+    model" and a refused connection meaning "still loading". Once healthy, the instance's own
+    start log must show it on the device its unit's ``io.tensorless.device`` label names (its
+    one GPU, by PCI bus id; ``cpu`` for a CPU engine). A restarted unit that does not become
+    healthy, or is not on its card, gives way to the previous file (or is removed when there
+    was none), and the operation fails with how long it took and this start's journal (or its
+    device lines). Not idempotent with ``restart=True``: ask for a restart exactly when the unit
+    changed (``_if=written.did_change``).
 
     + path: the unit file (its service is ``NAME.service``)
     + health_url: the server's ``/health`` as seen on the host
@@ -124,6 +128,7 @@ def serving(path: str, health_url: str, timeout_s: int, restart: bool = False) -
         path=path,
         kind=_kind(path),
         verb="restart" if restart else "start",
+        device_re=DEVICE_LINE,
     )
 
 
@@ -220,11 +225,12 @@ def removed(
 @operation()
 def rolled_back(path: str, timeout_s: int) -> Commands:
     """
-    Bring back the previous unit kept beside the current one, health-gated like a deploy.
+    Bring back the previous unit kept beside the current one, gated like a deploy.
 
     Each deploy that changes a unit keeps the one it replaced; the current unit is kept in its
-    place, so a second rollback returns to it; a previous unit that does not become healthy
-    gives way to the current one again and the operation fails. Not idempotent: every call
+    place, so a second rollback returns to it; a previous unit that does not become healthy, or
+    is not on the device its label names, gives way to the current one again and the operation
+    fails. Not idempotent: every call
     swaps.
 
     + path: the unit file (its service is NAME.service)
@@ -248,4 +254,5 @@ def rolled_back(path: str, timeout_s: int) -> Commands:
         svc=service_name(path),
         kind=_kind(path),
         timeout=timeout_s,
+        device_re=DEVICE_LINE,
     )

@@ -46,6 +46,13 @@ OWNED: tuple[ServerFlag, ...] = (
     # The pinned builds give -tb no environment twin; LLAMA_ARG_THREADS_BATCH is refused anyway,
     # for a build that adds it.
     ServerFlag(("--threads-batch", "-tb"), ("LLAMA_ARG_THREADS_BATCH",), "from [run] threads_max"),
+    # the start log's device lines (facts.device) need verbosity 4: deploy reads them to show the
+    # server is on its card
+    ServerFlag(
+        ("--verbosity", "-lv", "--log-verbosity"),
+        ("LLAMA_ARG_LOG_VERBOSITY",),
+        "at 4, so the start log says which device the model went to (the deploy checks it)",
+    ),
 )
 OWNED_ENV: Mapping[str, str] = {"OMP_NUM_THREADS": "from [run] threads_max"}
 
@@ -193,6 +200,11 @@ FORBIDDEN: tuple[ServerFlag, ...] = (
         "lets any caller change the server's global settings through POST /props",
     ),
     ServerFlag(("--log-prompts-dir",), (), "writes every caller's prompt to disk"),
+    ServerFlag(
+        ("--log-disable",),
+        (),
+        "silences the start log that shows the server on its card (the deploy reads it)",
+    ),
     ServerFlag(
         ("--video-ffmpeg-dir",),
         ("LLAMA_ARG_VIDEO_FFMPEG_DIR",),

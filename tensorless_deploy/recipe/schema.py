@@ -218,8 +218,10 @@ class EngineSection(RecipeModel):
         description="The engine release the recipe was measured on, such as `engine-v0.1.0`."
     )
     arch: str = Field(
-        description="The GPU architecture of the image, such as `sm60`. Lowercase letters, "
-        "digits and `_`."
+        description="The architecture the image is built for: a GPU's, such as `sm60` (then "
+        "every deploy checks that the instance's own start log shows it on its card), or `cpu` "
+        "for a CPU build (the test engine; its instances are reported on the CPU by design). "
+        "Lowercase letters, digits and `_`."
     )
     image: str = Field(
         description="The engine image, always by digest: `name@sha256:<64 hex>`. "

@@ -497,17 +497,21 @@ def driver_libs(driver: str) -> list[str]:
 def cdi_spec(gpus: list[Gpu], driver: str) -> str:
     """A spec shaped like `nvidia-ctk cdi generate` output (keys in its alphabetical order).
 
-    Device nodes map hostPath /dev/zero so podman can really inject them; library mounts and
-    the enable-cuda-compat hook name the driver version (a spec for another driver is stale).
-    The hooks run /usr/bin/nvidia-cdi-hook, a no-op stand-in installed with the toolkit.
+    The control nodes (nvidia-uvm, nvidia-uvm-tools, nvidiactl) are named by path alone, as a
+    real spec names them (tests/fixtures/cdi/h200-580.159.04.yaml): the host's own nodes, which
+    exist only once something makes them (the driver makes none at boot), so no container that
+    gets a GPU starts without them. The GPU nodes map hostPath /dev/zero (there is no GPU to
+    map). Library mounts and the enable-cuda-compat hook name the driver version (a spec for
+    another driver is stale). The hooks run /usr/bin/nvidia-cdi-hook, a no-op stand-in
+    installed with the toolkit.
     """
 
     def node(path: str, indent: str) -> str:
         return f"{indent}- hostPath: /dev/zero\n{indent}  path: {path}\n"
 
     out = ["---\n", "cdiVersion: 0.5.0\n", "containerEdits:\n", "  deviceNodes:\n"]
-    for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
-        out.append(node(p, "  "))
+    for p in ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"):
+        out.append(f"  - path: {p}\n")
     out += ["  env:\n", "  - NVIDIA_VISIBLE_DEVICES=void\n", "  hooks:\n"]
     for args in (
         ["create-symlinks", "--link", "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so"],

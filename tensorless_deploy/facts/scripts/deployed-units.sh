@@ -6,8 +6,10 @@
 # running container's labels and image, and /health at the labelled URL. Given secrets_root (the
 # directory of the units' secrets), a unit labelled io.tensorless.metrics=true also has its
 # llama-server /metrics read (@@metric NAME VALUE for each llamacpp: sample, @@metrics CODE), with
-# the unit's API key sent as a header read from curl's stdin (-H @-), never in argv.
-: "${secrets_root=}"
+# the unit's API key sent as a header read from curl's stdin (-H @-), never in argv. Given
+# device_re (facts.device.DEVICE_LINE), the device lines of the running start's log
+# (@@device LINE): where llama-server says the model went.
+: "${secrets_root=}" "${device_re=}"
 hashit() { (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d' ' -f1; }
 for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tensorless-*.service; do
   [ -f "$f" ] || continue
@@ -31,6 +33,11 @@ for f in /etc/containers/systemd/tensorless-*.container /etc/systemd/system/tens
   info=$($eng inspect --format "$fmt" "$n" 2>/dev/null) ||
     { sleep 1; info=$($eng inspect --format "$fmt" "$n" 2>/dev/null); }
   echo "@@inspect $info"
+  if [ -n "$device_re" ] && [ "$(systemctl is-active "$n.service" 2>/dev/null)" = active ]; then
+    inv=$(systemctl show -p InvocationID --value "$n.service" 2>/dev/null)
+    [ -n "$inv" ] && journalctl -q --no-pager -o cat _SYSTEMD_INVOCATION_ID="$inv" 2>/dev/null |
+      grep -E -m 40 "$device_re" | sed 's/^/@@device /'
+  fi
   url=$(grep -o 'io\.tensorless\.health=[^" ]*' "$f" | head -n 1 | cut -d= -f2-)
   if [ -n "$url" ]; then
     echo "@@health $(curl -s -k -o /dev/null -w '%{http_code}' --max-time 3 "$url" 2>/dev/null)"

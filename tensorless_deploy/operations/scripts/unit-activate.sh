@@ -1,6 +1,10 @@
 #!/bin/sh
-# (Re)start a unit and wait for /health 200; a new unit that fails gives way to the previous one.
-: "${svc:?}" "${url:?}" "${timeout:?}" "${path:?}" "${kind:?}" "${verb:?}"
+# needs: unit-lib.sh
+# (Re)start a unit, wait for /health 200, then read its start log: the instance must say it runs
+# where its unit's io.tensorless.device label says (on_card, lib.sh). A new unit that fails either
+# way gives way to the previous one. A failure says how long it really took and shows the journal
+# of this start ("  | " lines; the controller puts its first error line first, fleet.journal).
+: "${svc:?}" "${url:?}" "${timeout:?}" "${path:?}" "${kind:?}" "${verb:?}" "${device_re:?}"
 poll() {  # until /health answers 200, the unit fails, or the deadline passes
   deadline=$(( $(date +%s) + $1 ))
   while :; do
@@ -17,22 +21,45 @@ poll() {  # until /health answers 200, the unit fails, or the deadline passes
     sleep 1
   done
 }
+journal_since() {  # the unit's journal since $1 (a Unix time): what this start wrote
+  echo "journal of this start (journalctl -u $svc --since @$1):"
+  journalctl -q -u "$svc" --since "@$1" --no-pager -o cat 2>&1 | tail -n 300 | sed 's/^/  | /'
+}
+show_devices() {  # the device lines the verdict was made from (none: the header alone)
+  echo "device lines of this start:"
+  [ -z "$1" ] || printf '%s\n' "$1" | sed 's/^/  > /'
+}
 t0=$(date +%s)
 last=""
 systemctl daemon-reload
 [ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
-# a crash loop that hit the start limit leaves the unit failed: a deploy starts it afresh
+# a crash loop that hit a start limit (units of older versions) leaves the unit failed
 systemctl reset-failed "$svc" 2>/dev/null || true
+want=$(device_label "$path")
 # Blocking: the old instance is gone before the first poll (with Notify=healthy, the start
 # job itself waits for the container's health check).
 if timeout "$timeout" systemctl "$verb" "$svc" 2>/dev/null && poll "$timeout"; then
-  # the previous unit stays as $path.tensorless-prev: `rollback` brings it back
-  echo "$svc healthy after $(( $(date +%s) - t0 )) s at $url"
-  exit 0
+  took=$(( $(date +%s) - t0 ))
+  if [ -z "$want" ]; then
+    echo "$svc healthy after $took s at $url (its unit names no device: not checked)"
+    exit 0
+  fi
+  lines=
+  # a CPU engine is on the CPU by design: no log to wait for
+  [ "$want" = cpu ] || lines=$(device_lines "$svc")
+  if printf '%s\n' "$lines" | on_card "$want"; then
+    # the previous unit stays as $path.tensorless-prev: `rollback` brings it back
+    echo "$svc healthy after $took s at $url, on its device ($want)"
+    [ "$want" = cpu ] || show_devices "$lines"
+    exit 0
+  fi
+  echo "$svc answers /health after $took s, but is not on its card ($want)." >&2
+  show_devices "$lines" >&2
+else
+  echo "$svc failed after $(( $(date +%s) - t0 )) s (its start may take $timeout s):" \
+    "${last:-the start job failed}." >&2
+  journal_since "$t0" >&2
 fi
-echo "$svc not healthy within $timeout s: ${last:-the start job failed}." \
-  "Last journal lines:" >&2
-journalctl -u "$svc" -n 30 --no-pager -o cat 2>&1 | sed 's/^/  | /' >&2
 if [ "$verb" = start ]; then
   exit 1  # the unit did not change: nothing to restore, nothing to remove
 fi

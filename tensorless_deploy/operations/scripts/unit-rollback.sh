@@ -1,8 +1,10 @@
 #!/bin/sh
-# Bring back the previous unit kept beside the current one, health-gated like a deploy: the
-# current unit becomes the kept one, so a second rollback returns to it. When the previous unit
-# does not become healthy, the current one is put back and restarted.
-: "${path:?}" "${svc:?}" "${kind:?}" "${timeout:?}"
+# needs: unit-lib.sh
+# Bring back the previous unit kept beside the current one, gated like a deploy (healthy, and on
+# the device its io.tensorless.device label names): the current unit becomes the kept one, so a
+# second rollback returns to it. When the previous unit does not pass, the current one is put back
+# and restarted.
+: "${path:?}" "${svc:?}" "${kind:?}" "${timeout:?}" "${device_re:?}"
 prev="$path.tensorless-prev"
 if [ ! -f "$prev" ]; then
   echo "no previous unit is kept for $svc: nothing to roll back to" >&2
@@ -31,12 +33,25 @@ swap
 systemctl daemon-reload
 [ "$kind" = service ] && systemctl enable -q "$svc" 2>/dev/null
 systemctl reset-failed "$svc" 2>/dev/null || true
+want=$(device_label "$path")
 if timeout "$timeout" systemctl restart "$svc" 2>/dev/null && healthy "$url"; then
-  echo "$svc rolled back: the previous unit is healthy after $(( $(date +%s) - t0 )) s at $url"
-  exit 0
+  took=$(( $(date +%s) - t0 ))
+  lines=
+  [ -z "$want" ] || [ "$want" = cpu ] || lines=$(device_lines "$svc")
+  if [ -z "$want" ] || printf '%s\n' "$lines" | on_card "$want"; then
+    echo "$svc rolled back: the previous unit is healthy after $took s at $url"
+    exit 0
+  fi
+  echo "the previous unit of $svc answers /health after $took s, but is not on its card" \
+    "($want)." >&2
+  echo "device lines of this start:" >&2
+  [ -z "$lines" ] || printf '%s\n' "$lines" | sed 's/^/  > /' >&2
+else
+  echo "the previous unit of $svc failed after $(( $(date +%s) - t0 )) s (its start may take" \
+    "$timeout s)." >&2
+  echo "journal of this start (journalctl -u $svc --since @$t0):" >&2
+  journalctl -q -u "$svc" --since "@$t0" --no-pager -o cat 2>&1 | tail -n 300 | sed 's/^/  | /' >&2
 fi
-echo "the previous unit of $svc did not become healthy within $timeout s; last journal lines:" >&2
-journalctl -u "$svc" -n 20 --no-pager -o cat 2>&1 | sed 's/^/  | /' >&2
 swap
 systemctl daemon-reload
 timeout "$timeout" systemctl restart "$svc" 2>/dev/null
