@@ -68,7 +68,7 @@ def fleet_status(
     health and, where a unit enables them, llama-server's metrics)."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits, HostSurvey
 
-    state = new_state(inventory)
+    state = new_state(inventory, flags)
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
@@ -86,13 +86,13 @@ def fleet_status(
 
 
 def serving_digests(
-    inventory: Any, hosts: Sequence[Any], catalog: Catalog, model: str
+    inventory: Any, hosts: Sequence[Any], catalog: Catalog, model: str, flags: Flags | None = None
 ) -> dict[str, str | None]:
     """Which recipe digest each host's first unit of MODEL serves now (None: none healthy, or
     the host unreachable): after a roll, which hosts run the new recipe."""
     entries = catalog.find(model)
     out: dict[str, str | None] = {}
-    for h in fleet_status(inventory, hosts, catalog):
+    for h in fleet_status(inventory, hosts, catalog, flags):
         units = [
             u
             for u in h.units
@@ -137,7 +137,9 @@ def read_units(state: Any, hosts: Sequence[Any]) -> dict[str, tuple[DeployedUnit
     """Every host's units of this tool (or why they could not be read); connections stay open."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits
 
-    found = on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True)
+    found = on_each_host(
+        state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True, step="its units"
+    )
     return dict(zip([h.name for h in hosts], found, strict=True))
 
 
@@ -158,7 +160,7 @@ def fleet_targets(
     trip each), the units left out and why, and the hosts that could not be read."""
     from tensorless_deploy.hostplan.targets import HostUnits, jobs
 
-    state = new_state(inventory)
+    state = new_state(inventory, flags)
     try:
         found = read_units(state, hosts)
     finally:
@@ -195,7 +197,7 @@ def stop(
     from tensorless_deploy.operations.unit import removed
 
     entries = catalog.find(model) if purge else catalog.find_or_none(model)
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock=None if dry else f"stop {model}")
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
     found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
@@ -235,10 +237,7 @@ def stop(
         done = apply_steps(state, live, steps, dry=dry, nothing=f"{model} is not deployed here")
     finally:
         disconnect(hosts)
-    return [
-        done[h.name] if h.name in done else HostResult(h.name, "failed", str(found[h.name]))
-        for h in hosts
-    ]
+    return [done[h.name] if h.name in done else not_read(h.name, found[h.name]) for h in hosts]
 
 
 def rollback(
@@ -246,6 +245,7 @@ def rollback(
     hosts: Sequence[Any],
     catalog: Catalog,
     model: str,
+    flags: Flags | None = None,
     *,
     dry: bool = False,
 ) -> list[HostResult]:
@@ -255,7 +255,7 @@ def rollback(
     from tensorless_deploy.operations.unit import rolled_back
 
     entries = catalog.find_or_none(model)
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock=None if dry else f"rollback {model}")
     found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
     steps: dict[str, list[Step]] = {}
@@ -293,8 +293,16 @@ def rollback(
         elif h.name in done:
             out.append(done[h.name])
         else:
-            out.append(HostResult(h.name, "failed", str(found[h.name])))
+            out.append(not_read(h.name, found[h.name]))
     return out
+
+
+def not_read(host: str, error: object) -> HostResult:
+    """The result of a host whose units could not be read (unreachable, locked, ...)."""
+    from tensorless_deploy.fleet.deploy import not_reached
+
+    text = error if isinstance(error, str) else str(error)
+    return HostResult(host, not_reached(text), text)
 
 
 def start_timeout(text: str, default: int = 300) -> int:
