@@ -7,7 +7,8 @@ tool (ssh, podman inspect, pgrep, the model server's own log):
   another host finishes on its own schedule; one that heals in 30 s: nothing is lost;
 - --serial over hosts with one and two instances;
 - two deploys of different recipes to one host at once: one holds the lock, the other refuses
-  naming it (or waits with --wait-lock); each report names the digest read back;
+  naming it (or waits with --wait-lock); each report names the digest read back; gate run
+  takes the same lock;
 - Ctrl-C (or SIGKILL) of the controller mid-download and mid-push: one line, nothing left
   running on the host, and the rerun resumes safely;
 - a model server that answers 200 with a short JSON body or a page: nothing of it is kept;
@@ -374,6 +375,38 @@ def test_two_deploys_at_once_one_holds_the_lock(fleet: Fleet) -> None:
     v2_digest = _by_host(hreport)["gpu1"]["serving_digest"]
     assert v2_digest and v2_digest != v1_digest
     assert waited_digest == v1_digest == fleet.running_digest("gpu1")  # the last change won
+    assert fleet.sh("gpu1", "test -e /run/tensorless-deploy/deploy.lock.who || echo free") == "free"
+
+
+def test_gate_run_refuses_a_host_a_deploy_holds(fleet: Fleet) -> None:
+    """gate run on gpu1 while a deploy is downloading there: it takes the same lock, so it
+    refuses the host naming the deploy's run (before: it surveyed gpu1, found its card idle
+    and set out to fetch the model the deploy was still appending to); the deploy ends
+    serving, and the lock is free after both."""
+    _stall(fleet, "gpu1", seconds=20)
+    first = fleet.start("--limit", "gpu1")
+    try:
+        fleet.wait_partial("gpu1")
+        gets = fleet.hf.stats(TINY_REPO, fleet.file).get
+        gate = cli(
+            "gate", "run", "-i", str(fleet.inventory), "--limit", "gpu1", "tiny",
+            "--recipes", str(fleet.catalog), env=fleet.env,
+        )  # fmt: skip
+        assert gate.returncode == 1, gate.stdout + gate.stderr
+        assert "Traceback" not in gate.stderr, gate.stderr
+        assert "gpu1: locked by another run: deploy tiny by " in gate.stderr, gate.stderr
+        assert f"(pid {first.pid})" in gate.stderr, gate.stderr
+        assert fleet.hf.stats(TINY_REPO, fleet.file).get == gets  # gate run fetched nothing
+        units = fleet.sh(
+            "gpu1", "systemctl list-units --all --no-legend --plain 'tensorless-gate-*'"
+        )
+        assert units == "", units
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    code, report, text = _report(first.returncode, out, err)
+    assert code == 0 and _by_host(report)["gpu1"]["outcome"] == "changed", text
+    assert fleet.blob_ok("gpu1")
     assert fleet.sh("gpu1", "test -e /run/tensorless-deploy/deploy.lock.who || echo free") == "free"
 
 

@@ -1,5 +1,6 @@
 """One change at a time per host: every command that changes a host (deploy, prepare, stop,
-rollback, prune) holds the host's lock from before its survey until it is done with the host.
+rollback, prune, gate run, maintain) holds the host's lock from before its survey until it is
+done with the host.
 
 The lock is an ``flock`` held on the host by ``operations/scripts/run-lock.sh``, started on a
 stream of its own (``fleet.channel``), which keeps it while the controller's heartbeat arrives
