@@ -8,7 +8,7 @@ tool (ssh, podman inspect, pgrep, the model server's own log):
 - --serial over hosts with one and two instances;
 - two deploys of different recipes to one host at once: one holds the lock, the other refuses
   naming it (or waits with --wait-lock); each report names the digest read back; gate run
-  takes the same lock;
+  and maintain begin take the same lock;
 - Ctrl-C (or SIGKILL) of the controller mid-download and mid-push: one line, nothing left
   running on the host, and the rerun resumes safely;
 - a model server that answers 200 with a short JSON body or a page: nothing of it is kept;
@@ -407,6 +407,36 @@ def test_gate_run_refuses_a_host_a_deploy_holds(fleet: Fleet) -> None:
     code, report, text = _report(first.returncode, out, err)
     assert code == 0 and _by_host(report)["gpu1"]["outcome"] == "changed", text
     assert fleet.blob_ok("gpu1")
+    assert fleet.sh("gpu1", "test -e /run/tensorless-deploy/deploy.lock.who || echo free") == "free"
+
+
+def test_maintain_begin_refuses_a_host_a_deploy_holds(fleet: Fleet) -> None:
+    """maintain begin on gpu1 while a deploy is downloading there: it takes the same lock, so
+    it refuses the host naming the deploy's run and opens no window (before: it wrote the
+    record and held units while the deploy went on to start its own); the deploy ends
+    serving, unheld."""
+    _stall(fleet, "gpu1", seconds=20)
+    first = fleet.start("--limit", "gpu1")
+    try:
+        fleet.wait_partial("gpu1")
+        begun = cli(
+            "maintain", "begin", "-i", str(fleet.inventory), "--limit", "gpu1",
+            "--recipes", str(fleet.catalog), "--json", env=fleet.env,
+        )  # fmt: skip
+        code, report, text = _report(begun.returncode, begun.stdout, begun.stderr)
+        assert code == 1, text
+        gpu1 = _by_host(report)["gpu1"]
+        assert gpu1["outcome"] == "failed", text
+        assert "locked by another run: deploy tiny by " in gpu1["reason"], text
+        assert f"(pid {first.pid})" in gpu1["reason"], text
+        record = "/var/lib/tensorless-deploy/maintenance.json"
+        assert fleet.sh("gpu1", f"test -e {record} || echo none") == "none"
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    code, report, text = _report(first.returncode, out, err)
+    assert code == 0 and _by_host(report)["gpu1"]["outcome"] == "changed", text
+    assert fleet.sh("gpu1", f"systemctl is-active {UNIT}") == "active"
     assert fleet.sh("gpu1", "test -e /run/tensorless-deploy/deploy.lock.who || echo free") == "free"
 
 
