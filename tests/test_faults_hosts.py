@@ -294,6 +294,29 @@ def test_a_partition_that_heals_in_30_s(fleet: Fleet, partition: Callable[[str],
     assert fleet.blob_ok("gpu1")
 
 
+@pytest.mark.parametrize("command", ["doctor", "plan"])
+def test_read_only_commands_keep_the_deadline_given(
+    fleet: Fleet, partition: Callable[[str], None], command: str
+) -> None:
+    """doctor and plan of a partitioned gpu1 under --host-timeout 3: gpu1 is unreachable
+    after 3 s, said with the deadline given (without a deadline on the session, the TCP
+    connect's own 10 s timeout would say "cannot connect"); gpu3 is read as usual."""
+    partition("gpu1")
+    started = time.monotonic()
+    proc = cli(
+        command, "-i", str(fleet.inventory), "tiny", "--recipes", str(fleet.catalog),
+        "--host-timeout", "3", "--json", env=fleet.env,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    # doctor: gpu1 not ready (exit 1); plan: the model is placed on gpu3 (exit 0)
+    assert proc.returncode == (1 if command == "doctor" else 0), text
+    assert "unreachable: no SSH session within 3 s (connect;" in text, text
+    assert "gpu3" in proc.stdout, text
+    assert took < 10, took
+
+
 # ----------------------------------------------------------------------- item 2: --serial
 
 
