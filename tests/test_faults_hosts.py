@@ -433,6 +433,42 @@ def test_gate_run_refuses_a_host_a_deploy_holds(fleet: Fleet) -> None:
     assert fleet.sh("gpu1", "test -e /run/tensorless-deploy/deploy.lock.who || echo free") == "free"
 
 
+def test_a_deploy_while_gate_run_measures_is_refused(fleet: Fleet) -> None:
+    """gate run measuring on gpu1 holds gpu1's lock: a deploy to gpu1 meanwhile is refused,
+    naming the gate run; gate run ends as usual, its scratch instance gone and the lock with
+    it."""
+    import os
+
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "tensorless_deploy", "gate", "run", "-i", str(fleet.inventory),
+         "--limit", "gpu1", "tiny", "--recipes", str(fleet.catalog)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **fleet.env},
+    )  # fmt: skip
+    record = "/run/tensorless-deploy/deploy.lock.who"
+    try:
+        deadline = time.monotonic() + 60
+        while "who=gate run " not in fleet.sh("gpu1", f"cat {record}", check=False):
+            assert gate.poll() is None, gate.communicate()
+            assert time.monotonic() < deadline, "gate run never held gpu1's lock"
+            time.sleep(0.2)
+        code, report, text = fleet.deploy("--limit", "gpu1")
+        out, err = gate.communicate(timeout=300)
+    finally:
+        gate.kill()
+    assert code == 1, text
+    gpu1 = _by_host(report)["gpu1"]
+    assert gpu1["outcome"] == "skipped", text
+    assert f"locked by another run: gate run {TINY_REPO} by " in gpu1["reason"], text
+    assert f"(pid {gate.pid})" in gpu1["reason"], text
+    assert "Traceback" not in err, err
+    assert gate.returncode == 0, out + err
+    assert "gone: unit tensorless-gate-" in out, out
+    units = fleet.sh("gpu1", "systemctl list-units --all --no-legend --plain 'tensorless-gate-*'")
+    assert units == "", units
+    assert fleet.sh("gpu1", f"test -e {record} || echo free") == "free"
+
+
 def test_maintain_begin_refuses_a_host_a_deploy_holds(fleet: Fleet) -> None:
     """maintain begin on gpu1 while a deploy is downloading there: it takes the same lock, so
     it refuses the host naming the deploy's run and opens no window (before: it wrote the
