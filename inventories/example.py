@@ -32,6 +32,9 @@ tensorless-deploy serves on it, each with its default:
     tensorless_metrics      False                         llama-server's /metrics (with the key)
     tensorless_pids_limit   4096                          the container's pids limit; 0: none
                                                           (hosts whose cgroups lack pids)
+    tensorless_host_timeout  60                          seconds the host may be silent over
+                                                          SSH (connect, any step) before a run
+                                                          calls it unreachable (--host-timeout)
 
 Use it with:  tensorless-deploy doctor -i inventories/example.py [MODEL]
               tensorless-deploy prepare -i inventories/example.py --dry-run

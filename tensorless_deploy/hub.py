@@ -83,6 +83,9 @@ class CachePaths:
     stamp: str  # stamp_text() of the blob when last verified, in the tool's state dir
     snapshot: str
     link_target: str  # what the snapshot link points at, relative to the link
+    # the flock every writer of the partial holds (a download, a push), in the state dir: one
+    # writer at a time, and a writer still running (its run gone) is waited for
+    lock: str = ""
 
     @property
     def blob_dir(self) -> str:
@@ -110,4 +113,5 @@ def cache_paths(
         stamp=posixpath.join(state_dir, "verified", sha256),
         snapshot=snapshot,
         link_target=posixpath.relpath(blob, posixpath.dirname(snapshot)),
+        lock=posixpath.join(state_dir, "downloads", f"{sha256}.lock"),
     )

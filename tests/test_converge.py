@@ -217,6 +217,7 @@ def _download(w: dict[str, Any], url: str, attempts: int = 5) -> subprocess.Comp
         stamp=p.stamp,
         snapshot=p.snapshot,
         target=p.link_target,
+        lock=p.lock,
     )
     return subprocess.run(
         ["sh", "-c", cmd.get_raw_value()], capture_output=True, text=True, timeout=120
@@ -318,7 +319,7 @@ class _endless_server:
 
 
 def _receive(w: dict[str, Any], data: bytes) -> subprocess.CompletedProcess[bytes]:
-    cmd = script("model-receive", partial=w["paths"].partial, size=w["size"])
+    cmd = script("model-receive", partial=w["paths"].partial, size=w["size"], lock=w["paths"].lock)
     return subprocess.run(
         ["sh", "-c", cmd.get_raw_value()], input=data, capture_output=True, timeout=60
     )

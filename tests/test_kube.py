@@ -597,6 +597,7 @@ def test_init_step_is_the_hosts_download_script() -> None:
         target=paths.link_target,
         sha=m.sha256,
         partial=paths.partial,
+        lock=paths.lock,
         size=m.size_bytes,
         url=resolve_url(m.hf_repo, m.revision, m.file),
         attempts=5,

@@ -26,6 +26,7 @@ COLOURS = {
     "would change": "33",
     "failed": "1;31",
     "skipped": "1;31",
+    "unreachable": "1;31",
     "untouched": "33",
 }
 
@@ -54,6 +55,7 @@ def hosts_flags(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     )
     where.add_argument("--local", action="store_true", help="this machine only")
     limit_flag(p)
+    host_timeout_flag(p)
 
 
 def inventory_flags(
@@ -62,10 +64,35 @@ def inventory_flags(
     """-i INVENTORY (no --local: the command works on inventory hosts), and --limit."""
     p.add_argument("-i", "--inventory", required=required, metavar="INVENTORY", help=help)
     limit_flag(p)
+    host_timeout_flag(p)
 
 
 def limit_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", action="append", metavar="HOST", help="only this host (repeatable)")
+
+
+def host_timeout_flag(p: argparse.ArgumentParser) -> None:
+    """--host-timeout: how long a host may be silent over SSH before it is unreachable."""
+    from tensorless_deploy.decisions.options import DEFAULT_HOST_TIMEOUT_S
+
+    p.add_argument(
+        "--host-timeout",
+        type=int,
+        metavar="SECONDS",
+        help="a host silent over SSH this long (connect, any step) is unreachable and the "
+        f"others go on (default: tensorless_host_timeout, else {DEFAULT_HOST_TIMEOUT_S})",
+    )
+
+
+def wait_lock_flag(p: argparse.ArgumentParser) -> None:
+    """--wait-lock: how long a command that changes hosts waits for another run's lock."""
+    p.add_argument(
+        "--wait-lock",
+        type=int,
+        metavar="SECONDS",
+        help="wait up to SECONDS for another run that holds a host's lock (default: 0, refuse "
+        "at once, naming it)",
+    )
 
 
 def dry_run_flag(p: argparse.ArgumentParser) -> None:
@@ -151,6 +178,8 @@ def flags_from(args: argparse.Namespace, **names: str) -> Flags:
             engine=getattr(args, "engine", None),
             context=getattr(args, "context", None),
             instances=_instances_arg(args),
+            host_timeout=getattr(args, "host_timeout", None),
+            wait_lock=getattr(args, "wait_lock", None),
             extra_args=tuple(getattr(args, "extra", ()) or ()),
             allow_draft=getattr(args, "allow_draft", False),
             flag_names=names or None,
@@ -239,6 +268,8 @@ def print_results(results: Sequence[HostResult], verbose: int) -> None:
             # a dry run's "no change" host serves there already; "would change" only would
             verb = "would serve on" if r.outcome == "would change" else "serving on"
             head += f"  {verb} {r.address}"
+            if r.serving_digest:  # read back from the host after the run
+                head += f"  recipe {r.serving_digest[:19]}"
         print(head)
         line = devices_line(r)
         if line:

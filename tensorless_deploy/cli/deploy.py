@@ -18,6 +18,7 @@ from tensorless_deploy.cli.common import (
     recipes_flag,
     result_json,
     serving_flags,
+    wait_lock_flag,
 )
 from tensorless_deploy.cli.output import emit_json
 from tensorless_deploy.errors import UsageError
@@ -39,8 +40,8 @@ def after_run(r: HostResult, dry: bool) -> str | None:
     changed, left untouched by a stopped roll: what was there may still serve)."""
     if r.ok:
         return "new"
-    if dry:
-        return None
+    if dry or r.outcome == "unreachable":
+        return None  # an unreachable host is not asked again: it passed its deadline once
     lines = [line for s in r.steps for line in s.output]
     if any(RESTORED in line for line in lines):
         return "previous"
@@ -131,7 +132,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     try:
         if args.serial and not args.dry_run:
             results = roll(inventory, hosts, catalog, request, args.serial)
-            serving = serving_digests(inventory, hosts, catalog, args.model)
+            serving = serving_digests(inventory, hosts, catalog, args.model, flags)
         else:
             results = deploy(inventory, hosts, catalog, request)
             serving = {}
@@ -144,14 +145,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         # cannot say what serves there now (one read-only round trip more, in parallel)
         if serving:
             return {n: serving.get(n) for n in names}
-        return serving_digests(inventory, [by_name[n] for n in names], catalog, args.model)
+        return serving_digests(inventory, [by_name[n] for n in names], catalog, args.model, flags)
 
     after = serving_after(results, args.dry_run, survey)
     if args.json:
         rows = [
             result_json(r)
-            | {"serving": after.get(r.host)}
-            | ({"serving_digest": serving.get(r.host)} if serving else {})
+            | {
+                "serving": after.get(r.host),
+                # read back from the host: after a roll, by a survey of every host
+                "serving_digest": serving.get(r.host) if serving else r.serving_digest,
+            }
             for r in results
         ]
         emit_json({"ok": all(r.ok for r in results), "hosts": rows})
@@ -176,6 +180,7 @@ def register(command: Command) -> None:
     inventory_flags(p)
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     dry_run_flag(p)
+    wait_lock_flag(p)
     p.add_argument(
         "--transfer",
         choices=("auto", "pull", "push"),

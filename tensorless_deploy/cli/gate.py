@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorless_deploy.cli.common import catalog_from, inventory_flags
+from tensorless_deploy.cli.common import catalog_from, inventory_flags, wait_lock_flag
 from tensorless_deploy.cli.output import emit_json, paint, write_atomic
 from tensorless_deploy.errors import TensorlessError, UsageError
 
@@ -250,6 +250,7 @@ def register(command: Command) -> None:
         cmd_gate_run,
     )
     inventory_flags(run)
+    wait_lock_flag(run)
     run.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     run.add_argument("--card", metavar="ID", help="the card's recipe (default: the model's first)")
     run.add_argument(

@@ -11,7 +11,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tensorless_deploy.cli.common import catalog_from, flags_from, inventory_flags, recipes_flag
+from tensorless_deploy.cli.common import (
+    catalog_from,
+    flags_from,
+    inventory_flags,
+    recipes_flag,
+    wait_lock_flag,
+)
 from tensorless_deploy.cli.output import emit_json, paint
 from tensorless_deploy.errors import UsageError
 
@@ -190,6 +196,7 @@ def register(command: Command) -> None:
     )
     p.add_argument("phase", choices=("begin", "end"), help="open the window, or close it")
     inventory_flags(p)
+    wait_lock_flag(p)
     p.add_argument(
         "--runs",
         type=int,

@@ -15,6 +15,7 @@ from tensorless_deploy.cli.common import (
     inventory_flags,
     recipes_flag,
     serving_flags,
+    wait_lock_flag,
 )
 from tensorless_deploy.cli.output import emit_json, paint
 
@@ -84,6 +85,7 @@ def register(command: Command) -> None:
         help="prepare for this model's recipe (default: what every model needs)",
     )
     dry_run_flag(p)  # list what each host would get; change nothing
+    wait_lock_flag(p)
     p.add_argument(
         "--toolkit-version",
         metavar="V",

@@ -15,6 +15,7 @@ from tensorless_deploy.cli.common import (
     print_results,
     recipes_flag,
     result_json,
+    wait_lock_flag,
 )
 from tensorless_deploy.cli.output import emit_json, paint, table
 
@@ -158,7 +159,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     catalog = catalog_from(args)
     inventory, hosts = _hosts(args)
-    results = rollback(inventory, hosts, catalog, args.model, dry=args.dry_run)
+    results = rollback(inventory, hosts, catalog, args.model, flags_from(args), dry=args.dry_run)
     return _report(args, results, "rollback")
 
 
@@ -219,7 +220,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
         # every write is made terminal-safe by cli.output's guard (journal lines included)
         print(f"{host.ljust(width)} {unit}: {line}", flush=True)
 
-    errors = logs(inventory, hosts, catalog, args.model, emit, lines=args.lines, follow=args.follow)
+    errors = logs(
+        inventory,
+        hosts,
+        catalog,
+        args.model,
+        emit,
+        lines=args.lines,
+        follow=args.follow,
+        flags=flags_from(args),
+    )
     for host, why in errors.items():
         print(f"{host}: {why}", file=sys.stderr)
     return 1 if errors else 0
@@ -326,6 +336,7 @@ def register(command: Command) -> None:
     _model_hosts(p)
     p.add_argument("--purge", action="store_true", help="also remove the model file")
     dry_run_flag(p)
+    wait_lock_flag(p)
     recipes_flag(p)
     p = command(
         "rollback",
@@ -335,6 +346,7 @@ def register(command: Command) -> None:
     )
     _model_hosts(p)
     dry_run_flag(p)
+    wait_lock_flag(p)
     recipes_flag(p)
     p = command(
         "prune",
@@ -343,4 +355,5 @@ def register(command: Command) -> None:
     )
     hosts_flags(p, required=False)
     dry_run_flag(p)
+    wait_lock_flag(p)
     recipes_flag(p)

@@ -47,6 +47,9 @@ DATA_TLS_CERT_FILE = "tensorless_tls_cert_file"  # PEM certificate (chain) for l
 DATA_TLS_KEY_FILE = "tensorless_tls_key_file"  # its PEM private key
 DATA_METRICS = "tensorless_metrics"  # true: llama-server's /metrics (with the key, if set)
 DATA_PIDS_LIMIT = "tensorless_pids_limit"  # the container's pids limit; 0: none set by the tool
+# How long a host may stay silent over SSH (connect, any command, any transfer) before the run
+# calls it unreachable and goes on without it (docs/design.md#deadlines-locks-and-interrupts)
+DATA_HOST_TIMEOUT = "tensorless_host_timeout"
 DATA_KEYS = (
     DATA_PORT,
     DATA_BIND,
@@ -64,10 +67,18 @@ DATA_KEYS = (
     DATA_TLS_KEY_FILE,
     DATA_METRICS,
     DATA_PIDS_LIMIT,
+    DATA_HOST_TIMEOUT,
 )
 # Threads of one llama-server: -t, the HTTP pool (up to one per CPU) and the backend's own; a
 # fork bomb or a runaway thread pool stops here, far above what a server uses.
 DEFAULT_PIDS_LIMIT = 4096
+# Seconds of silence from a host (no answer to SSH keepalives, no SSH session within it) after
+# which it is unreachable: long enough for a congested link or a host under load to answer,
+# short enough that an operator sees a cut link in a minute, not at TCP's ~15 minutes
+DEFAULT_HOST_TIMEOUT_S = 60
+HOST_TIMEOUT_MAX_S = 86400
+# Seconds a command waits for another run's lock on a host before refusing: 0, refuse at once
+DEFAULT_LOCK_WAIT_S = 0
 # A secret file the controller reads (an API key, a TLS certificate or key): small, text.
 SECRET_MAX_BYTES = 64 * 1024
 API_KEY_MIN_CHARS = 16
@@ -183,6 +194,18 @@ def _pids_limit(v: object) -> str | None:
     return "must be a number of processes (0: no limit set by tensorless-deploy)"
 
 
+def _host_timeout(v: object) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= HOST_TIMEOUT_MAX_S:
+        return None
+    return f"must be a number of seconds, 1-{HOST_TIMEOUT_MAX_S}"
+
+
+def _wait_lock(v: object) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= HOST_TIMEOUT_MAX_S:
+        return None
+    return f"must be a number of seconds, 0-{HOST_TIMEOUT_MAX_S} (0: refuse at once)"
+
+
 def read_secret_file(path: str, what: str) -> str:
     """The text of a secret file on this machine (the controller), as it will be installed: a
     UnicodeError or OSError becomes ValueError with one line saying why. Never logged."""
@@ -278,6 +301,10 @@ SETTINGS = (
     Setting("tls_key_file", DATA_TLS_KEY_FILE, "--tls-key-file", _path, None),
     Setting("metrics", DATA_METRICS, "--metrics", _flag, False),
     Setting("pids_limit", DATA_PIDS_LIMIT, None, _pids_limit, DEFAULT_PIDS_LIMIT),
+    Setting(
+        "host_timeout", DATA_HOST_TIMEOUT, "--host-timeout", _host_timeout, DEFAULT_HOST_TIMEOUT_S
+    ),
+    Setting("wait_lock", None, "--wait-lock", _wait_lock, DEFAULT_LOCK_WAIT_S),
 )
 
 
@@ -298,6 +325,8 @@ class Flags:
     tls_key_file: str | None = None
     metrics: bool | None = None
     pids_limit: int | None = None  # never on a command line: inventory data only
+    host_timeout: int | None = None
+    wait_lock: int | None = None
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)
@@ -331,6 +360,8 @@ class Options:
     tls_key_file: str | None = None
     metrics: bool = False  # llama-server --metrics
     pids_limit: int = DEFAULT_PIDS_LIMIT  # 0: none set by the tool
+    host_timeout: int = DEFAULT_HOST_TIMEOUT_S  # seconds a host may be silent over SSH
+    wait_lock: int = DEFAULT_LOCK_WAIT_S  # seconds to wait for another run's lock on it
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     local: bool = False  # this machine: `run` needs no systemd
@@ -375,23 +406,7 @@ def resolve(
 ) -> Options:
     """One host's options: flag, else host data, else default; each validated."""
     check_flags(flags)
-    values: dict[str, Any] = {}
-    for s in SETTINGS:
-        value = getattr(flags, s.name)
-        if value is None and s.data_key is not None and data is not None:
-            given = data.get(s.data_key)
-            if given is not None:
-                if isinstance(given, list):
-                    given = tuple(given)
-                why = s.rule(given)
-                if why is not None:
-                    override = f", or override with {flags.spelled(s)}" if flags.offers(s) else ""
-                    raise InventoryError(
-                        f"{host or 'host data'}: {s.data_key}: {why} (got {_show(given)})",
-                        fix=f"correct {s.data_key} in the inventory{override}",
-                    )
-                value = given
-        values[s.name] = s.default if value is None else value
+    values = {s.name: _value(s, flags, data, host) for s in SETTINGS}
     _tls_pair(flags, values, host)
     return Options(
         port=values["port"],
@@ -409,10 +424,40 @@ def resolve(
         tls_key_file=values["tls_key_file"],
         metrics=values["metrics"],
         pids_limit=values["pids_limit"],
+        host_timeout=values["host_timeout"],
+        wait_lock=values["wait_lock"],
         extra_args=tuple(flags.extra_args),
         allow_draft=flags.allow_draft,
         local=local,
     )
+
+
+def _value(s: Setting, flags: Flags, data: Mapping[str, object] | None, host: str | None) -> Any:
+    """One setting for one host: the flag, else the host's data (validated), else the default."""
+    value = getattr(flags, s.name)
+    if value is None and s.data_key is not None and data is not None:
+        given = data.get(s.data_key)
+        if given is not None:
+            if isinstance(given, list):
+                given = tuple(given)
+            why = s.rule(given)
+            if why is not None:
+                override = f", or override with {flags.spelled(s)}" if flags.offers(s) else ""
+                raise InventoryError(
+                    f"{host or 'host data'}: {s.data_key}: {why} (got {_show(given)})",
+                    fix=f"correct {s.data_key} in the inventory{override}",
+                )
+            value = given
+    return s.default if value is None else value
+
+
+def resolve_one(
+    name: str, flags: Flags, data: Mapping[str, object] | None, host: str | None = None
+) -> Any:
+    """One setting of one host, resolved as ``resolve`` resolves it (for a command that needs
+    only that one, e.g. the SSH deadline of a read-only command)."""
+    check_flags(flags)
+    return _value(next(s for s in SETTINGS if s.name == name), flags, data, host)
 
 
 def _tls_pair(flags: Flags, values: Mapping[str, Any], host: str | None) -> None:

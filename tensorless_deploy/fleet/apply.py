@@ -29,10 +29,10 @@ def apply_steps(
 ) -> dict[str, HostResult]:
     """Add every host's steps, run them all in parallel (unless dry), and say per host what
     happened: changed, unchanged, failed; with dry, would change or no change."""
-    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operation import add_op
-    from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
+
+    from tensorless_deploy.fleet.connect import lost, run_hosts
 
     metas: dict[str, list[tuple[str, Any]]] = {h.name: [] for h in hosts}
     state.set_stage(StateStage.Prepare)
@@ -42,11 +42,8 @@ def apply_steps(
             metas[h.name].append((s.name, res[h]))
     if not dry:
         state.set_stage(StateStage.Execute)
-        try:
-            run_ops(state)
-        except PyinfraError as exc:
-            if "No hosts remaining" not in str(exc):
-                raise  # pyinfra stops when every host failed: the report says why
+        names = {h.name: {m._hash: n for n, m in metas[h.name]} for h in hosts}
+        run_hosts(state, [h for h in hosts if metas[h.name]], names)
     out: dict[str, HostResult] = {}
     for h in hosts:
         ms = metas[h.name]
@@ -69,5 +66,8 @@ def apply_steps(
         changed = any(r.outcome == "changed" for r in rows)
         outcome = "failed" if failed else ("changed" if changed else "unchanged")
         reason = f"{failed[0].name} failed" if failed else (None if ms else nothing)
+        gone = lost(state, h.name)
+        if gone is not None:
+            outcome, reason = "unreachable", gone
         out[h.name] = HostResult(h.name, outcome, reason, steps=tuple(rows))
     return out

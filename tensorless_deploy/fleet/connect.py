@@ -1,23 +1,36 @@
 """Reaching many hosts at once: pyinfra's state, connections and fact reads fanned out over its
 own pool (so its parallel limit holds); an unreachable host becomes one error text, and the
-others still report."""
+others still report.
+
+Every host step has a deadline, the host's ``host_timeout`` (``--host-timeout``, inventory
+``tensorless_host_timeout``, default ``DEFAULT_HOST_TIMEOUT_S``): the SSH session must be up
+within it, and while the run holds the connection the host must answer an SSH keepalive
+within it, whatever the step (a fact, an operation, a push). A host that does not is
+``unreachable``, named with the step it was in; its connection is closed, so whatever waited on
+it returns, and every other host goes on on its own schedule (``run_hosts``: each host runs its
+operations in its own order, never waiting for another host's).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from tensorless_deploy.decisions.checks import access_check, check_line, survey_access_check
-from tensorless_deploy.decisions.options import Flags
+from tensorless_deploy.decisions.options import Flags, resolve_one
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import HostFacts
-from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.fleet.channel import executor_arguments
+from tensorless_deploy.fleet.inventory import host_data, options_for
+from tensorless_deploy.fleet.lock import HostLock, LockHeld, heartbeat_every, lock_host
 from tensorless_deploy.gguf.sizing import Sizings
 from tensorless_deploy.hostplan.plan import SurveyedHost
 from tensorless_deploy.recipe.catalog import Entry
 
-CONNECT_TIMEOUT_S = 10
+CONNECT_TIMEOUT_S = 10  # the TCP connect alone (within the host's deadline for the session)
 CANNOT_CONNECT = "cannot connect"  # how every connection error's text starts
 T = TypeVar("T")
 # What on_each_host makes sure of before a host's job: "sudo": where the inventory asks for sudo,
@@ -59,30 +72,145 @@ def require_root(facts: HostFacts) -> None:
         raise AccessError(check_line(check))
 
 
-def new_state(inventory: Any) -> Any:
+class Unreachable(str):
+    """The error text of a host that passed its deadline: what it was doing, for how long."""
+
+
+@dataclass
+class Watch:
+    """One host while the run holds its connection: its deadline, the step it is in, and why
+    it was given up (None: it answers)."""
+
+    host: str
+    deadline: int
+    step: str = "connect"
+    lost: Unreachable | None = None
+    greenlet: Any = None
+
+
+@dataclass
+class Fleet:
+    """What a run keeps per host beside pyinfra's state: the flags the deadlines come from,
+    the command to lock hosts for (None: a read-only run takes no lock), each host's watch and
+    lock."""
+
+    flags: Flags = field(default_factory=Flags)
+    lock: str | None = None
+    watches: dict[str, Watch] = field(default_factory=dict)
+    locks: dict[str, HostLock] = field(default_factory=dict)
+
+
+def fleet_of(state: Any) -> Fleet:
+    fleet: Fleet | None = getattr(state, "tensorless", None)
+    if fleet is None:
+        fleet = Fleet()
+        state.tensorless = fleet
+    return fleet
+
+
+def new_state(inventory: Any, flags: Flags | None = None, *, lock: str | None = None) -> Any:
+    """pyinfra's state for one run over inventory. With lock (what the run does, e.g. "deploy
+    pn3"), every host it connects is locked for it first (fleet.lock)."""
     from pyinfra.api.config import Config
     from pyinfra.api.state import State
 
     # pyinfra logs every connection and command; our own output says what matters.
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
-    # A host keeps the order of the operations added to it (op_hash_order) across states: a
-    # second state on the same inventory (maintain end's phases, a roll's next batch) would
-    # order its operations by the previous state's, which it does not know (KeyError).
+    _quiet_interrupt()
+    # a host's operation order lives on the Host (pyinfra appends to it for every operation
+    # added): a new run starts it afresh, or an earlier run's operations (a --serial batch
+    # with more instances) would be looked up in this state, which never had them
     for host in inventory:
         host.op_hash_order = []
-    return State(inventory, Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_S))
+    state: Any = State(inventory, Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_S))
+    state.tensorless = Fleet(flags or Flags(), lock)
+    return state
 
 
-def _connect(host: Any) -> str | None:
+def _quiet_interrupt() -> None:
+    """Ctrl-C is one line: gevent's hub (or a greenlet of pyinfra's, or a push writer) would
+    print a KeyboardInterrupt it catches before passing it to the main greenlet, where the CLI
+    says "interrupted"; it still passes it on, now without the traceback."""
+    import gevent
+
+    hub = gevent.get_hub()
+    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+
+
+def host_timeout(fleet: Fleet, host: Any) -> int:
+    """The host's deadline in seconds (flag, else inventory data, else the default)."""
+    value: int = resolve_one("host_timeout", fleet.flags, host_data(host), host.name)
+    return value
+
+
+def _connect(state: Any, host: Any) -> str | None:
+    import gevent
     from pyinfra.api.exceptions import ConnectError
 
+    fleet = fleet_of(state)
+    watch = fleet.watches.get(host.name)
+    if watch is not None and watch.lost is not None:
+        return watch.lost
+    if host.connected:
+        return None
+    watch = Watch(host.name, host_timeout(fleet, host))
+    fleet.watches[host.name] = watch
     try:
-        host.connect(show_errors=False, raise_exceptions=True)
+        with gevent.Timeout(watch.deadline):
+            host.connect(show_errors=False, raise_exceptions=True)
+    except gevent.Timeout:
+        _close(host)
+        watch.lost = Unreachable(
+            f"unreachable: no SSH session within {watch.deadline} s (connect; "
+            f"--host-timeout or tensorless_host_timeout sets it)"
+        )
+        return watch.lost
     except ConnectError as exc:
         return f"{CANNOT_CONNECT}: {exc.args[0] if exc.args else exc}"
     except OSError as exc:
         return f"{CANNOT_CONNECT}: {exc}"
+    watch.greenlet = gevent.spawn(_keepalive, host, watch)
     return None
+
+
+def _keepalive(host: Any, watch: Watch) -> None:
+    """While the connection is up: an SSH keepalive every few seconds, each to be answered
+    within the deadline; one that is not gives the host up and closes its connection."""
+    import gevent
+
+    from tensorless_deploy.fleet.channel import ssh_transport
+
+    transport = ssh_transport(host)
+    if transport is None:
+        return  # @local: nothing between this machine and itself
+    every = heartbeat_every(watch.deadline)
+    while transport.is_active():
+        gevent.sleep(every)
+        try:
+            with gevent.Timeout(watch.deadline):
+                transport.global_request("keepalive@openssh.com", wait=True)
+        except gevent.Timeout:
+            watch.lost = Unreachable(
+                f"unreachable: no answer over SSH for {watch.deadline} s, during {watch.step} "
+                "(--host-timeout or tensorless_host_timeout sets the deadline)"
+            )
+            transport.close()
+            return
+        except (OSError, EOFError):
+            return
+
+
+def lost(state: Any, name: str) -> Unreachable | None:
+    """Why the host was given up during this run (None: it was not)."""
+    watch = fleet_of(state).watches.get(name)
+    return watch.lost if watch is not None else None
+
+
+def in_step(state: Any, host: Any, step: str) -> None:
+    """Say which step the host is in: an unreachable host's report names it."""
+    watch = fleet_of(state).watches.get(host.name)
+    if watch is not None:
+        watch.step = step
 
 
 def on_each_host(
@@ -92,29 +220,51 @@ def on_each_host(
     *,
     keep_connected: bool = False,
     access: AccessNeed = "sudo",
+    step: str = "reading facts",
 ) -> list[T | str]:
-    """Connect to every host and run job(host) on each, in parallel on pyinfra's own pool (its
-    PARALLEL limit holds). A host that cannot be reached, whose facts cannot be read, or whose
-    commands would not run as root (``access``: what is checked first, see AccessNeed) gives the
-    error text instead of a result."""
+    """Connect to every host (and lock it, in a run that changes hosts) and run job(host) on
+    each, in parallel on pyinfra's own pool (its PARALLEL limit holds). A host that cannot be
+    reached or locked, whose facts cannot be read, whose commands would not run as root
+    (``access``: what is checked first, before the lock; see AccessNeed), or that passes its
+    deadline, gives the error text instead of a result."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.context import ctx_host, ctx_state
 
+    fleet = fleet_of(state)
+
     def one(host: Any) -> T | str:
-        error = _connect(host)
+        error = _connect(state, host)
         if error is not None:
             return error
         state.activate_host(host)  # operations run only on activated hosts
         try:
             with ctx_state.use(state), ctx_host.use(host):
+                # access.root before anything runs under sudo, the lock's command among them
                 refused = login_refusal(host, access)
                 if refused is not None:
                     return refused
-                return job(host)
+                if fleet.lock is not None and host.name not in fleet.locks:
+                    in_step(state, host, "taking the host's lock")
+                    watch = fleet.watches[host.name]
+                    got = lock_host(
+                        state,
+                        host,
+                        fleet.lock,
+                        wait=resolve_one("wait_lock", fleet.flags, host_data(host), host.name),
+                        deadline=watch.deadline,
+                    )
+                    if isinstance(got, LockHeld):
+                        return watch.lost or got
+                    fleet.locks[host.name] = got
+                in_step(state, host, step)
+                result: T | str = job(host)
         except PyinfraError as exc:
-            return f"cannot read facts: {exc}"
+            result = f"cannot read facts: {exc}"
         except TensorlessError as exc:
-            return exc.lines()[0]
+            result = exc.lines()[0]
+        except (OSError, EOFError) as exc:
+            result = f"the connection failed: {exc}"
+        return lost(state, host.name) or result
 
     with ctx_state.use(state):
         jobs = [state.pool.spawn(one, h) for h in hosts]
@@ -124,6 +274,42 @@ def on_each_host(
     finally:
         if not keep_connected:
             disconnect(hosts)
+
+
+def run_hosts(
+    state: Any, hosts: Sequence[Any], steps: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
+    """Run the operations added for hosts: each host its own, in the order they were added, all
+    hosts at once and none waiting for another (pyinfra's run_ops waits for every host at every
+    operation: one slow or cut host would hold the others' restarts). A host stops at its first
+    failed operation; the rest of its operations stay not run. steps: host -> operation hash ->
+    the step's name in the report (what an unreachable host was doing)."""
+    import gevent
+    from pyinfra.api.operations import run_host_op
+    from pyinfra.context import ctx_host, ctx_state
+
+    state.is_executing = True
+    names = steps or {}
+
+    def one(host: Any) -> None:
+        with ctx_host.use(host):
+            for op_hash in list(host.op_hash_order):
+                if op_hash not in state.ops[host]:
+                    continue
+                if lost(state, host.name) is not None:
+                    return
+                step = names.get(host.name, {}).get(op_hash)
+                if step is None:
+                    step = ", ".join(sorted(state.get_op_meta(op_hash).names)) or "an operation"
+                in_step(state, host, f"the {step} step")
+                if not run_host_op(state, host, op_hash):
+                    return
+
+    with ctx_state.use(state):
+        jobs = [state.pool.spawn(one, h) for h in hosts]
+        gevent.joinall(jobs)
+    for j in jobs:
+        j.get()  # an error of this tool's own (not a failed command) is raised as it was
 
 
 def survey_hosts(
@@ -143,6 +329,7 @@ def survey_hosts(
     from tensorless_deploy.facts.pyinfra import HostSurvey
 
     options = {h.name: options_for(h, flags, local=local) for h in hosts}
+    fleet_of(state).flags = flags  # the run's flags: each host's deadline among them
 
     def survey(host: Any) -> HostFacts | None:
         facts: HostFacts | None = host.get_fact(
@@ -150,7 +337,7 @@ def survey_hosts(
         )
         return facts
 
-    results = on_each_host(state, hosts, survey, keep_connected=keep_connected)
+    results = on_each_host(state, hosts, survey, keep_connected=keep_connected, step="the survey")
     results = with_engine_images(results, images)
     out = []
     for host, r in zip(hosts, results, strict=True):
@@ -226,18 +413,28 @@ def with_engine_images(
 
 
 def disconnect(hosts: Sequence[Any]) -> None:
+    """Let go of every host: its lock first (the holder sees EOF), then its keepalive and its
+    connection (pyinfra's own disconnect leaves the SSH client open)."""
     for host in hosts:
+        state = getattr(host, "state", None)
+        fleet = getattr(state, "tensorless", None)
+        if fleet is not None:
+            held = fleet.locks.pop(host.name, None)
+            if held is not None:
+                held.release()
+            watch = fleet.watches.pop(host.name, None)
+            if watch is not None and watch.greenlet is not None:
+                watch.greenlet.kill(block=False)
         if host.connected:
             host.disconnect()
+            _close(host)
 
 
-def host_command(state: Any, host: Any, command: Any) -> str:
-    """A command (pyinfra StringCommand) as pyinfra would run it on this host: wrapped in sudo
-    (or su) as its inventory data asks, for a channel of our own (a stream, a transfer)."""
-    from pyinfra.connectors.util import make_unix_command_for_host
-
-    executor = executor_arguments(state, host)
-    return str(make_unix_command_for_host(state, host, command, **executor).get_raw_value())
+def _close(host: Any) -> None:
+    client = getattr(getattr(host, "connector", None), "client", None)
+    if client is not None:
+        with contextlib.suppress(OSError, EOFError):
+            client.close()
 
 
 def host_fact(state: Any, host: Any, fact: Any, **kwargs: Any) -> Any:
@@ -246,20 +443,6 @@ def host_fact(state: Any, host: Any, fact: Any, **kwargs: Any) -> Any:
 
     with ctx_state.use(state), ctx_host.use(host):
         return host.get_fact(fact, **kwargs)
-
-
-def executor_arguments(state: Any, host: Any) -> dict[str, Any]:
-    """How pyinfra runs a command on this host (sudo, su, its shell: from the host's inventory
-    data), for a command the tool runs itself outside an operation."""
-    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
-
-    arguments, _ = pop_global_arguments(state, host, {})
-    return {
-        k: v
-        for k, v in arguments.items()
-        if k in CONNECTOR_ARGUMENT_KEYS
-        and k not in ("_get_pty", "_timeout", "_stdin", "_success_exit_codes")
-    }
 
 
 def run_script(

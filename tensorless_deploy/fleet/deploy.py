@@ -14,15 +14,24 @@ import dataclasses
 import difflib
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tensorless_deploy.decisions.checks import Check, Tuning
 from tensorless_deploy.decisions.device import CPU_DEVICE, DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.device import parse_device_log
-from tensorless_deploy.facts.values import LABEL_DEVICE, HostFacts
-from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_and_size
+from tensorless_deploy.facts.values import LABEL_DEVICE, LABEL_RECIPE_DIGEST, HostFacts
+from tensorless_deploy.fleet.connect import (
+    Unreachable,
+    disconnect,
+    lost,
+    new_state,
+    on_each_host,
+    run_hosts,
+    survey_and_size,
+)
+from tensorless_deploy.fleet.lock import LockHeld
 from tensorless_deploy.fleet.unitlog import read_output
 from tensorless_deploy.hostplan.plan import HostPlan, Instance, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
@@ -31,7 +40,14 @@ if TYPE_CHECKING:
     from tensorless_deploy.fleet.push import Progress
 
 Outcome = Literal[
-    "changed", "unchanged", "failed", "skipped", "would change", "no change", "untouched"
+    "changed",
+    "unchanged",
+    "failed",
+    "skipped",
+    "unreachable",
+    "would change",
+    "no change",
+    "untouched",
 ]
 
 
@@ -58,10 +74,13 @@ class HostResult:
     steps: tuple[StepResult, ...] = field(default_factory=tuple)
     # per instance, what it runs on as its own start log says (decisions.device), "" not known
     devices: tuple[str, ...] = ()
+    # the recipe digest the host's units of the model run after the run, read back from the
+    # host (the running containers' labels, or the survey's for a host that needed nothing)
+    serving_digest: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.outcome not in ("failed", "skipped", "untouched")
+        return self.outcome not in ("failed", "skipped", "unreachable", "untouched")
 
     @property
     def address(self) -> str | None:
@@ -378,6 +397,88 @@ def _result(
 NOTHING_TO_FETCH = "pull (nothing to fetch: the model and the image are there)"
 
 
+def not_reached(error: str | None) -> Outcome:
+    """The outcome of a host the run could not start on: unreachable (it passed its deadline),
+    skipped (another run holds its lock), else failed."""
+    if isinstance(error, Unreachable):
+        return "unreachable"
+    if isinstance(error, LockHeld):
+        return "skipped"
+    return "failed"
+
+
+def surveyed_digest(plan: HostPlan, facts: HostFacts) -> str | None:
+    """The recipe digest the plan's first unit carries on the host, as the survey read it (with
+    /health 200 there): a converged host's read-back, in the survey's one round trip."""
+    if facts.tool is None or not plan.instances:
+        return None
+    unit = facts.tool.unit(plan.instances[0].name)
+    if unit is None or unit.health != 200:
+        return None
+    return unit.labels.get(LABEL_RECIPE_DIGEST)
+
+
+Seen = Callable[[HostResult], HostResult]
+
+
+def read_back(state: Any, by_name: dict[str, Any], plans: dict[str, HostPlan]) -> dict[str, Seen]:
+    """After the run: what each host's units of the plan run now, read from the host (the
+    running containers' recipe-digest label and /health, one round trip per host), never
+    assumed from what was sent. A unit that runs another recipe, or none, fails the host."""
+    from tensorless_deploy.facts.pyinfra import DeployedUnits
+
+    hosts = [by_name[n] for n in plans]
+    found = on_each_host(
+        state,
+        hosts,
+        lambda h: h.get_fact(DeployedUnits),
+        keep_connected=True,
+        step="reading back what runs",
+    )
+    out: dict[str, Seen] = {}
+    for host, units in zip(hosts, found, strict=True):
+        plan = plans[host.name]
+        assert plan.entry is not None
+        want = plan.entry.digest
+        if isinstance(units, str):
+            out[host.name] = _unread(units)
+            continue
+        problems: list[str] = []
+        digest: str | None = None
+        for inst in plan.instances:
+            unit = next((u for u in units if u.name == inst.name), None)
+            runs = unit.container_labels.get(LABEL_RECIPE_DIGEST) if unit is not None else None
+            if unit is None or runs is None:
+                problems.append(f"{inst.name} runs no container")
+            elif runs != want:
+                problems.append(f"{inst.name} runs recipe {runs[:19]}, not this run's {want[:19]}")
+            elif unit.health != 200:
+                problems.append(f"{inst.name} answers /health {unit.health or 'nothing'}")
+            if digest is None and runs is not None:
+                digest = runs
+        out[host.name] = _seen(digest, problems)
+    return out
+
+
+def _unread(error: str) -> Seen:
+    def apply(r: HostResult) -> HostResult:
+        if isinstance(error, Unreachable):
+            return replace(r, outcome="unreachable", reason=error)
+        return replace(r, outcome="failed", reason=f"reading back what runs: {error}")
+
+    return apply
+
+
+def _seen(digest: str | None, problems: list[str]) -> Seen:
+    def apply(r: HostResult) -> HostResult:
+        if problems:
+            why = "read back after the run: " + "; ".join(problems)
+            return replace(r, outcome="failed", reason=why, serving_digest=digest)
+        return replace(r, serving_digest=digest)
+
+    return apply
+
+
 def _judged(
     plan: HostPlan, steps: dict[str, bool], dry: bool, diffs: dict[str, Any]
 ) -> tuple[StepResult, ...]:
@@ -394,6 +495,7 @@ def deploy(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest
 ) -> list[HostResult]:
     """Converge every host to serve request.model; the per-host result says what happened."""
+    from tensorless_deploy.fleet.connect import fleet_of
     from tensorless_deploy.fleet.push import (
         DownloadWatch,
         choose_transfer,
@@ -402,7 +504,9 @@ def deploy(
     )
 
     entries = catalog.find(request.model)
-    state = new_state(inventory)
+    # a run that changes hosts holds each one's lock from before its survey (fleet.lock)
+    lock = None if request.dry else f"deploy {request.model}"
+    state = new_state(inventory, request.flags, lock=lock)
     surveyed, sizing = survey_and_size(
         state, hosts, request.flags, entries, local=request.local, keep_connected=True
     )
@@ -415,7 +519,7 @@ def deploy(
     try:
         for s in surveyed:
             if s.facts is None:
-                results[s.name] = HostResult(s.name, "failed", s.error)
+                results[s.name] = HostResult(s.name, not_reached(s.error), s.error)
                 continue
             by_facts[s.name] = s.facts
             plan = plan_host(s.name, s.facts, entries, s.options, sizing=sizing)
@@ -432,7 +536,10 @@ def deploy(
             assert steps is not None
             done = _judged(plan, steps, request.dry, {})
             found = survey_devices(plan, by_facts[name])
-            results[name] = _result(plan, done, request.dry, NOTHING_TO_FETCH, found)
+            result = _result(plan, done, request.dry, NOTHING_TO_FETCH, found)
+            if not request.dry:  # what the survey read there: healthy units of this recipe
+                result = replace(result, serving_digest=surveyed_digest(plan, by_facts[name]))
+            results[name] = result
 
         # What is missing where: the survey says, else (None) the transfer checks find out.
         missing = {
@@ -467,11 +574,15 @@ def deploy(
                 transfers[name] += f"; {what}"
             for name, error in errors.items():
                 plans.pop(name)
-                results[name] = HostResult(name, "failed", error, transfer=transfers[name])
+                gone = lost(state, name)
+                results[name] = HostResult(
+                    name,
+                    "unreachable" if gone else "failed",
+                    gone or error,
+                    transfer=transfers[name],
+                )
         if plans:  # something to change: pyinfra's operations (a converged fleet needs none)
             from pyinfra.api.deploy import add_deploy
-            from pyinfra.api.exceptions import PyinfraError
-            from pyinfra.api.operations import run_ops
             from pyinfra.api.state import StateStage
             from pyinfra.context import ctx_state
 
@@ -490,12 +601,14 @@ def deploy(
                 if downloads and plan.paths is not None and plan.recipe is not None:
                     p = plan.paths
                     downloading[name] = (p.partial, p.blob, plan.recipe.model.size_bytes)
+                held = fleet_of(state).locks.get(name)
                 prepare[name] = dict(
                     plan=plan,
                     token=token() if downloads and not request.dry else None,
                     transfer=modes[name][0],
                     archive=archive,
                     steps=steps_meta,
+                    owner=held.pid if held is not None else None,
                     host=by_name[name],
                 )
 
@@ -513,17 +626,25 @@ def deploy(
             if not request.dry:
                 state.set_stage(StateStage.Execute)
                 took = _op_timer(state)
-                try:
-                    with DownloadWatch(by_name, downloading, request.progress):
-                        run_ops(state)
-                except PyinfraError as exc:
-                    if "No hosts remaining" not in str(exc):
-                        raise  # pyinfra stops when every host failed: the report says why
+                names = {
+                    host: {meta._hash: step for step, meta in metas.items()}
+                    for host, metas in steps_meta.items()
+                }
+                with DownloadWatch(by_name, downloading, request.progress):
+                    run_hosts(state, [by_name[n] for n in plans], names)
 
         for name, plan in plans.items():
             seconds = {h: t for (n, h), t in took.items() if n == name}
             step_results = _step_results(steps_meta.get(name, {}), request.dry, seconds)
-            results[name] = _result(plan, step_results, request.dry, transfers.get(name))
+            result = _result(plan, step_results, request.dry, transfers.get(name))
+            gone = lost(state, name)
+            if gone is not None:
+                result = replace(result, outcome="unreachable", reason=gone)
+            results[name] = result
+        if not request.dry:
+            ran = [n for n in plans if results[n].ok]
+            for name, seen in read_back(state, by_name, {n: plans[n] for n in ran}).items():
+                results[name] = seen(results[name])
     finally:
         disconnect(hosts)
     return [results[h.name] for h in hosts]

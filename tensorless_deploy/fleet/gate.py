@@ -289,10 +289,14 @@ def gate_run(inventory: Any, hosts: Sequence[Any], request: GateRequest) -> Gate
 def _gate_run(
     inventory: Any, hosts: Sequence[Any], request: GateRequest, tune: Tuning, flags: Flags
 ) -> GateResult:
-    state = new_state(inventory)
+    # surveyed under each host's lock (fleet.lock), so the idle card it chooses stays idle: the
+    # chosen host's lock is held until its scratch instance is gone, the others' let go at once
+    lock = f"gate run {request.entry.recipe.model.hf_repo}"
+    state = new_state(inventory, flags, lock=lock)
     name = scratch_name(request.entry.recipe, secrets.token_hex(3))
     try:
         host, surveyed, sp = _choose(state, hosts, request, flags, name)
+        disconnect([h for h in hosts if h is not host])
         _fetch(state, host, surveyed, sp, request)
         plan, spec = sp.plan, sp.instance.spec
         assert plan is not None and plan.engine_bin is not None and sp.gpu is not None

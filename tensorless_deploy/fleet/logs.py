@@ -7,7 +7,9 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tensorless_deploy.fleet.connect import disconnect, host_command, new_state
+from tensorless_deploy.decisions.options import Flags
+from tensorless_deploy.fleet.channel import host_command
+from tensorless_deploy.fleet.connect import disconnect, new_state
 from tensorless_deploy.fleet.status import model_units, read_units
 from tensorless_deploy.recipe.catalog import Catalog
 
@@ -61,6 +63,7 @@ def logs(
     *,
     lines: int = 50,
     follow: bool = False,
+    flags: Flags | None = None,
 ) -> dict[str, str]:
     """The last `lines` journal lines of each of MODEL's units on every host (then, with follow,
     everything new until interrupted). Returns the hosts that could not be read, with why."""
@@ -68,7 +71,7 @@ def logs(
     from pyinfra.api.command import StringCommand
 
     entries = catalog.find_or_none(model)
-    state = new_state(inventory)
+    state = new_state(inventory, flags)
     found = read_units(state, hosts)
     errors: dict[str, str] = {}
     jobs = []

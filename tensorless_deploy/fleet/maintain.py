@@ -110,7 +110,7 @@ def begin(
     from tensorless_deploy.operations import maintain as ops
 
     by = by or operator()
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock="maintain begin")
     found = _read(state, hosts, flags)
     out: dict[str, MaintainResult] = {}
     plans: dict[str, tuple[MaintenanceRecord, bool, tuple[str, ...], str]] = {}
@@ -179,7 +179,7 @@ def end(
     from tensorless_deploy.operations.unit import serving
 
     out: dict[str, MaintainResult] = {}
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock="maintain end")
     found = _read(state, hosts, flags)
     records: dict[str, MaintenanceRecord] = {}
     units_now: dict[str, tuple[DeployedUnit, ...]] = {}
@@ -218,7 +218,7 @@ def end(
 
     # doctor, as doctor runs it, on the host as it is now (the window itself left out)
     entries = [e for h in live for e in _models(records[h.name], catalog)[1]]
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock="maintain end")
     surveyed, sizing = survey_and_size(state, live, flags, entries, keep_connected=True)
     starts: dict[str, list[Step]] = {}
     endings: dict[str, Ending] = {}

@@ -26,7 +26,9 @@ from tensorless_deploy.hostplan.prepare import (
 )
 from tensorless_deploy.recipe.catalog import Catalog
 
-Outcome = Literal["changed", "unchanged", "failed", "skipped", "would change", "no change"]
+Outcome = Literal[
+    "changed", "unchanged", "failed", "skipped", "unreachable", "would change", "no change"
+]
 LOG_DIR_ENV = "TENSORLESS_LOG_DIR"
 
 
@@ -49,7 +51,7 @@ class PrepareResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome not in ("failed", "skipped")
+        return self.outcome not in ("failed", "skipped", "unreachable")
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,10 @@ def prepare(
     """Make every host ready (for request.model, or for any model): the fixes doctor knows how to
     apply safely, each once; the per-host result says what changed and what is left."""
     from pyinfra.api.deploy import add_deploy
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
 
+    from tensorless_deploy.fleet.connect import Unreachable, lost, run_hosts
+    from tensorless_deploy.fleet.lock import LockHeld
     from tensorless_deploy.operations.prepare import prepare_plan
 
     entries = catalog.find(request.model) if request.model else []
@@ -144,7 +146,8 @@ def prepare(
         )
         for h in hosts
     }
-    state = new_state(inventory)
+    lock = None if request.dry else "prepare" + (f" {request.model}" if request.model else "")
+    state = new_state(inventory, request.flags, lock=lock)
     surveyed = survey_hosts(
         state, hosts, request.flags, keep_connected=True, images=gpu_images(entries)
     )
@@ -154,7 +157,12 @@ def prepare(
     try:
         for s in surveyed:
             if s.facts is None:
-                results[s.name] = PrepareResult(s.name, "failed", s.error)
+                word: Outcome = "failed"
+                if isinstance(s.error, Unreachable):
+                    word = "unreachable"
+                elif isinstance(s.error, LockHeld):
+                    word = "skipped"  # another run holds its lock: not touched
+                results[s.name] = PrepareResult(s.name, word, s.error)
                 continue
             if request.model:
                 plan = plan_host(s.name, s.facts, entries, s.options, sizing=None)
@@ -172,14 +180,15 @@ def prepare(
                 add_deploy(state, prepare_plan, prep=prep, steps=metas, host=by_name[name])
             if not request.dry:
                 state.set_stage(StateStage.Execute)
-                try:
-                    run_ops(state)
-                except PyinfraError as exc:
-                    if "No hosts remaining" not in str(exc):
-                        raise  # pyinfra stops when every host failed: the report says why
+                names = {n: {m._hash: c for c, m in ms.items()} for n, ms in metas.items()}
+                run_hosts(state, [by_name[n] for n in preps], names)
         for name, prep in preps.items():
             steps = _step_results(prep, metas.get(name, {}), request.dry)
-            results[name] = _result(prep, steps, request.dry)
+            result = _result(prep, steps, request.dry)
+            gone = lost(state, name)
+            if gone is not None:
+                result = PrepareResult(name, "unreachable", gone, result.log, steps, prep.left)
+            results[name] = result
     finally:
         disconnect(hosts)
     return [results[h.name] for h in hosts]

@@ -14,6 +14,7 @@ from tensorless_deploy.facts.values import DeployedUnit, HostFacts
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, require_root
 from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.fleet.status import not_read
 from tensorless_deploy.hostplan.plan import engine_bin
 from tensorless_deploy.hub import host_state_dir
 from tensorless_deploy.launch.read import read_unit
@@ -75,7 +76,7 @@ def prune(
     from tensorless_deploy.fleet.apply import Step, apply_steps
     from tensorless_deploy.operations.prune import image_removed, model_removed
 
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock=None if dry else "prune")
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
@@ -120,8 +121,5 @@ def prune(
         done = apply_steps(state, live, steps, dry=dry, nothing="nothing unused")
     finally:
         disconnect(hosts)
-    results = [
-        done[h.name] if h.name in done else HostResult(h.name, "failed", str(found[h.name]))
-        for h in hosts
-    ]
+    results = [done[h.name] if h.name in done else not_read(h.name, found[h.name]) for h in hosts]
     return results, lists

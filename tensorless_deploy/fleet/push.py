@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.fleet.connect import host_command, host_fact, on_each_host
+from tensorless_deploy.fleet.channel import host_command
+from tensorless_deploy.fleet.connect import host_fact, in_step, on_each_host
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.hub import controller_state_dir
 
@@ -112,12 +113,14 @@ class Receiver:
     said: list[str] = field(default_factory=list)
 
 
-def receive_command(state: Any, host: Any, partial: str, size: int) -> str:
+def receive_command(state: Any, host: Any, partial: str, size: int, lock: str = "") -> str:
     """The host side of one send (model-receive.sh bound), wrapped as pyinfra wraps every
-    command for this host (sudo and su from its inventory data)."""
+    command for this host (sudo and su from its inventory data). lock: the flock of the file's
+    writers (a model's: hub.CachePaths.lock; default: beside the partial)."""
     from tensorless_deploy.operations._run import script
 
-    return host_command(state, host, script("model-receive", partial=partial, size=size))
+    cmd = script("model-receive", partial=partial, size=size, lock=lock or f"{partial}.lock")
+    return host_command(state, host, cmd)
 
 
 def send_one(source: Path, receiver: Receiver, command: str, chunk: int = CHUNK) -> None:
@@ -328,7 +331,10 @@ def push_report(
                 fetched = _on_controller(progress, "fetch model")
                 blob_path, _ = fetch_model(recipe, cache_dir(), token=token, progress=fetched)
                 report.seconds["fetch model"] = time.monotonic() - t0
-                targets = [(n, _partial(group[n]), recipe.model.size_bytes) for n in needs_model]
+                targets = [
+                    (n, _partial(group[n]), recipe.model.size_bytes, _lock(group[n]))
+                    for n in needs_model
+                ]
                 _send(state, by_name, "model", blob_path, targets, report, progress)
             if needs_image:
                 t0 = time.monotonic()
@@ -341,7 +347,7 @@ def push_report(
                     by_name,
                     "image",
                     archive,
-                    [(n, remote, size) for n in needs_image],
+                    [(n, remote, size, "") for n in needs_image],
                     report,
                     progress,
                 )
@@ -416,20 +422,27 @@ def _partial(plan: HostPlan) -> str:
     return plan.paths.partial
 
 
+def _lock(plan: HostPlan) -> str:
+    assert plan.paths is not None
+    return plan.paths.lock
+
+
 def _send(
     state: Any,
     by_name: dict[str, Any],
     what: str,
     source: Path,
-    targets: list[tuple[str, str, int]],
+    targets: list[tuple[str, str, int, str]],
     report: PushReport,
     progress: Progress | None = None,
 ) -> None:
     """One file to several hosts at once, each resuming from its partial and taking at most
     the file's size (the model's size_bytes); what went where is noted."""
-    live = [(n, p, s) for n, p, s in targets if n not in report.failed]
-    receivers = [Receiver(n, by_name[n], p) for n, p, _ in live]
-    commands = [receive_command(state, by_name[n], p, s) for n, p, s in live]
+    live = [(n, p, s, k) for n, p, s, k in targets if n not in report.failed]
+    for n, _, _, _ in live:
+        in_step(state, by_name[n], f"the push of the {what}")
+    receivers = [Receiver(n, by_name[n], p) for n, p, _, _ in live]
+    commands = [receive_command(state, by_name[n], p, s, k) for n, p, s, k in live]
     t0 = time.monotonic()
     fan_out(source, receivers, commands, progress, f"push {what}")
     report.seconds[f"send {what}"] = time.monotonic() - t0

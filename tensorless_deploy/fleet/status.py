@@ -84,7 +84,7 @@ def fleet_status(
     health and, where a unit enables them, llama-server's metrics)."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits, HostSurvey
 
-    state = new_state(inventory)
+    state = new_state(inventory, flags)
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
@@ -105,13 +105,13 @@ def fleet_status(
 
 
 def serving_digests(
-    inventory: Any, hosts: Sequence[Any], catalog: Catalog, model: str
+    inventory: Any, hosts: Sequence[Any], catalog: Catalog, model: str, flags: Flags | None = None
 ) -> dict[str, str | None]:
     """Which recipe digest each host's first unit of MODEL serves now (None: none healthy, or
     the host unreachable): after a roll, which hosts run the new recipe."""
     entries = catalog.find(model)
     out: dict[str, str | None] = {}
-    for h in fleet_status(inventory, hosts, catalog):
+    for h in fleet_status(inventory, hosts, catalog, flags):
         units = [
             u
             for u in h.units
@@ -161,7 +161,12 @@ def read_units(
     from tensorless_deploy.facts.pyinfra import DeployedUnits
 
     found = on_each_host(
-        state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True, access=access
+        state,
+        hosts,
+        lambda h: h.get_fact(DeployedUnits),
+        keep_connected=True,
+        access=access,
+        step="its units",
     )
     return dict(zip([h.name for h in hosts], found, strict=True))
 
@@ -183,7 +188,7 @@ def fleet_targets(
     trip each), the units left out and why, and the hosts that could not be read."""
     from tensorless_deploy.hostplan.targets import HostUnits, jobs
 
-    state = new_state(inventory)
+    state = new_state(inventory, flags)
     try:
         found = read_units(state, hosts, access="sudo")  # unit files: any user may read them
     finally:
@@ -220,7 +225,7 @@ def stop(
     from tensorless_deploy.operations.unit import removed
 
     entries = catalog.find(model) if purge else catalog.find_or_none(model)
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock=None if dry else f"stop {model}")
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
     found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
@@ -260,12 +265,11 @@ def stop(
         done = apply_steps(state, live, steps, dry=dry, nothing=f"{model} is not deployed here")
     finally:
         disconnect(hosts)
-    # a host whose units could not be read (unreachable, access.root) ran no command of stop's:
-    # everything there is as it was, and the line says so rather than leave it to be guessed
+    # a host whose units could not be read (unreachable, locked, access.root) ran no command of
+    # stop's: everything there is as it was, and the line says so rather than leave it guessed
+    untouched = "nothing stopped or removed"
     return [
-        done[h.name]
-        if h.name in done
-        else HostResult(h.name, "failed", f"nothing stopped or removed: {found[h.name]}")
+        done[h.name] if h.name in done else not_read(h.name, found[h.name], untouched)
         for h in hosts
     ]
 
@@ -275,6 +279,7 @@ def rollback(
     hosts: Sequence[Any],
     catalog: Catalog,
     model: str,
+    flags: Flags | None = None,
     *,
     dry: bool = False,
 ) -> list[HostResult]:
@@ -284,7 +289,7 @@ def rollback(
     from tensorless_deploy.operations.unit import rolled_back
 
     entries = catalog.find_or_none(model)
-    state = new_state(inventory)
+    state = new_state(inventory, flags, lock=None if dry else f"rollback {model}")
     found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
     steps: dict[str, list[Step]] = {}
@@ -322,8 +327,17 @@ def rollback(
         elif h.name in done:
             out.append(done[h.name])
         else:
-            out.append(HostResult(h.name, "failed", str(found[h.name])))
+            out.append(not_read(h.name, found[h.name]))
     return out
+
+
+def not_read(host: str, error: object, what: str | None = None) -> HostResult:
+    """The result of a host whose units could not be read (unreachable, locked, ...); what: the
+    words the reason starts with (what was therefore not done)."""
+    from tensorless_deploy.fleet.deploy import not_reached
+
+    text = error if isinstance(error, str) else str(error)
+    return HostResult(host, not_reached(text), f"{what}: {text}" if what else text)
 
 
 def start_timeout(text: str, default: int = 300) -> int:

@@ -49,6 +49,7 @@ def serve_plan(
     transfer: str = "pull",
     archive: str | None = None,
     steps: Steps | None = None,
+    owner: int | None = None,
 ) -> None:
     """
     Apply a host plan that passed its checks (the tool's own fleet runner calls this).
@@ -58,6 +59,7 @@ def serve_plan(
     + transfer: ``pull`` (the host downloads) or ``push`` (the controller sent the bytes)
     + archive: with push, the engine image's OCI archive already on the host
     + steps: each step's OperationMeta lands in ``steps[host][step]`` for the caller's report
+    + owner: the pid on the host of the run's lock holder: a download stops once it is gone
     """
     if not plan.ok or plan.paths is None or plan.recipe is None or plan.engine_bin is None:
         raise OperationError(f"{plan.host}: {plan.why()}")
@@ -82,6 +84,7 @@ def serve_plan(
         url=plan.url,
         token=None if pushed else token,
         pushed=pushed,
+        owner=owner,
     )
     count = len(plan.instances)
     for inst in plan.instances:

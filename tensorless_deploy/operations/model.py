@@ -27,6 +27,7 @@ def model(
     url: str | None = None,
     token: str | None = None,
     pushed: bool = False,
+    owner: int | None = None,
 ) -> Commands:
     """
     Make one model file present and sha256-verified in the Hugging Face cache layout.
@@ -49,6 +50,9 @@ def model(
       ``curl -H @file``, never in argv, a unit or a log
     + pushed: the controller has sent the bytes into the partial file: verify them, download
       nothing
+    + owner: the pid, on the host, of what holds the host's lock for this run (the fleet's
+      ``run-lock.sh``): the download stops once it is gone, so an interrupted run leaves
+      nothing appending to the partial file (default: none, the download runs to its end)
 
     **Example:**
 
@@ -94,6 +98,7 @@ def model(
         "model-download",
         **download_params(paths, sha256, size, url or resolve_url(repo, revision, filename)),
         auth=auth,
+        owner=owner or "",
     )
 
 
@@ -107,6 +112,7 @@ def download_params(paths: CachePaths, sha256: str, size: int, url: str) -> dict
         target=paths.link_target,
         sha=sha256,
         partial=paths.partial,
+        lock=paths.lock,
         size=size,
         url=url,
         attempts=DOWNLOAD_ATTEMPTS,

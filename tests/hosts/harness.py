@@ -528,6 +528,7 @@ RESET_DIRS = (
     "/var/lib/tensorless-deploy",
     "/var/lib/tensorless",  # the default models_dir: models--ORG--NAME/..., .tensorless/
     "/run/tensorless",  # where a download token file lives for the length of a download
+    "/run/tensorless-deploy",  # the host's lock (fleet.lock) and its record
     "/srv",
     "/opt",
     f"/home/{SUDO_USER}",

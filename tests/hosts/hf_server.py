@@ -13,11 +13,14 @@ Serves repos pinned at a 40-hex commit the way the Hub answers ``huggingface_hub
 * ``GET /api/models/{org}/{repo}[/revision/{rev}]``: model info (sha, siblings with sizes/LFS).
 * ``/api/agent-harnesses`` and anything else: 404.
 
-Fault injection (global or per file, optionally for the next N requests only): ``drop`` the
-connection after K body bytes, ``corrupt`` (wrong bytes, right length), ``404``, ``401``,
-``stall`` (sleep S seconds, after K body bytes). Per-file counters of HEAD/GET requests, bodies
-and bytes served let tests prove "no bytes re-transferred" and "metadata only". The value of an
-``Authorization`` header is never stored or logged: only whether one was present.
+Fault injection (global or per file, optionally for the next N requests only, optionally only
+for some clients' addresses): ``drop`` the connection after K body bytes, ``corrupt`` (wrong
+bytes, right length), ``404``, ``401``, ``stall`` (sleep S seconds, after K body bytes),
+``short`` (status 200 with a 15-byte JSON body, ``{"status":"ok"}``, whatever was asked) and
+``html`` (status 200 with an HTML page, as a captive portal or a proxy's error page answers).
+Per-file counters of HEAD/GET requests, bodies and bytes served let tests prove "no bytes
+re-transferred" and "metadata only". The value of an ``Authorization`` header is never stored or
+logged: only whether one was present.
 
 As a script (``--host``: the host set's gateway, hosts.json ``gateway``, 10.253.S.1 for
 TL_SET=S, so the set's hosts reach it):
@@ -45,7 +48,13 @@ from typing import Any
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".onnx")
 LFS_MIN_SIZE = 10 * 1024 * 1024
 CHUNK = 64 * 1024
-FAULT_KINDS = ("drop", "corrupt", "404", "401", "stall")
+FAULT_KINDS = ("drop", "corrupt", "404", "401", "stall", "short", "html")
+SHORT_BODY = b'{"status":"ok"}'
+HTML_BODY = (
+    b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n"
+    b"<body><h1>Sign in to continue</h1><p>This network requires you to sign in.</p>"
+    b"</body></html>\n"
+)
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _API_MODEL = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
 
@@ -85,6 +94,7 @@ class Fault:
     seconds: float = 0.0
     times: int | None = None  # None: every matching request
     methods: tuple[str, ...] = ("GET",)
+    clients: tuple[str, ...] | None = None  # only requests from these addresses; None: any
     hits: int = 0
 
 
@@ -218,21 +228,24 @@ class HFServer:
         seconds: float = 0.0,
         times: int | None = None,
         methods: tuple[str, ...] | None = None,
+        clients: tuple[str, ...] | None = None,
     ) -> Fault:
         """Inject a fault for one file (repo_id + filename) or for every request (neither).
 
         kinds: drop (close after ``after_bytes`` body bytes), corrupt (wrong bytes), 404, 401,
         stall (sleep ``seconds`` after ``after_bytes`` body bytes, or before headers when 0).
-        ``times``: only the next N matching requests. ``methods``: default GET for drop/corrupt,
-        HEAD and GET for the others.
+        short, html: status 200 and a body that is not the file (a JSON status, a page).
+        ``times``: only the next N matching requests. ``methods``: default GET for drop,
+        corrupt, short and html, HEAD and GET for the others. ``clients``: only requests from
+        these IP addresses (one host of several).
         """
         if kind not in FAULT_KINDS:
             raise ValueError(f"fault kind must be one of {FAULT_KINDS}, got {kind!r}")
         if (repo_id is None) != (filename is None):
             raise ValueError("give both repo_id and filename, or neither (global fault)")
         if methods is None:
-            methods = ("GET",) if kind in ("drop", "corrupt") else ("HEAD", "GET")
-        f = Fault(kind, after_bytes, seconds, times, tuple(methods))
+            methods = ("GET",) if kind in ("drop", "corrupt", "short", "html") else ("HEAD", "GET")
+        f = Fault(kind, after_bytes, seconds, times, tuple(methods), clients)
         key = None if repo_id is None or filename is None else _file_key(repo_id, filename)
         with self._lock:
             self.faults.setdefault(key, []).append(f)
@@ -242,10 +255,12 @@ class HFServer:
         with self._lock:
             self.faults.clear()
 
-    def _take_fault(self, key: str, method: str) -> Fault | None:
+    def _take_fault(self, key: str, method: str, client: str = "") -> Fault | None:
         with self._lock:
             for k in (key, None):
                 for f in self.faults.get(k, []):
+                    if f.clients is not None and client not in f.clients:
+                        continue
                     if method in f.methods and (f.times is None or f.hits < f.times):
                         f.hits += 1
                         return f
@@ -340,11 +355,13 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
             server._count(
                 key, **{"head" if self.command == "HEAD" else "get": 1}, auth_seen=auth is not None
             )
-            fault = server._take_fault(key, self.command)
+            fault = server._take_fault(key, self.command, self.client_address[0])
             if fault and fault.kind == "stall" and fault.after_bytes == 0:
                 server._stop.wait(fault.seconds)
             if fault and fault.kind == "404":
                 return self._fail(key, 404, "EntryNotFound", "Entry not found")
+            if fault and fault.kind in ("short", "html"):
+                return self._bogus(key, fault.kind)
             repo = server.repos.get(repo_id)
             if repo is None:
                 return self._fail(key, 404, "RepoNotFound", "Repository not found")
@@ -359,6 +376,17 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
             if rf is None:
                 return self._fail(key, 404, "EntryNotFound", "Entry not found")
             self._serve(key, repo, rf, fault)
+
+        def _bogus(self, key: str, kind: str) -> None:
+            """200 with a body that is not the file, whatever range was asked."""
+            body, ctype = (
+                (SHORT_BODY, "application/json")
+                if kind == "short"
+                else (HTML_BODY, "text/html; charset=utf-8")
+            )
+            server._count(key, statuses=200, bodies=1, bytes_sent=len(body))
+            self._record(200, key, len(body))
+            self._send(200, {"Content-Type": ctype}, body)
 
         def _fail(self, key: str, status: int, code: str | None, message: str) -> None:
             server._count(key, statuses=status)
