@@ -329,7 +329,7 @@ def push_report(
             if needs_model:
                 t0 = time.monotonic()
                 fetched = _on_controller(progress, "fetch model")
-                blob_path, _ = fetch_model(recipe, cache_dir(), token=token, progress=fetched)
+                blob_path = fetch_model(recipe, cache_dir(), token=token, progress=fetched).blob
                 report.seconds["fetch model"] = time.monotonic() - t0
                 targets = [(n, _partial(group[n]), recipe.model.size_bytes) for n in needs_model]
                 _send(state, by_name, "model", blob_path, targets, report, progress)
