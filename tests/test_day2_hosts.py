@@ -6,6 +6,10 @@ serves, prune lists exactly what no unit uses and removes it while the model kee
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +132,91 @@ def test_logs_show_llama_server_start_lines_per_host_and_unit(day2: Day2) -> Non
     assert "model loaded" in text and f"{day2.host.name} {UNIT}: \n" not in proc.stdout
     nothing = cli("logs", "nosuch", "-i", str(day2.inventory), env=day2.env)
     assert nothing.returncode == 1 and "is not deployed here" in nothing.stderr
+
+
+def test_logs_carry_each_server_line_once_and_no_podman_events(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    gpu_hosts: list[Host],
+    legacy_host: Host,
+    hf: HFServer,
+    ssh: SshRunner,
+) -> None:
+    """The plain unit of podman 4.3 (legacy1) and the quadlet (gpu1): every llama-server line is
+    in the journal once, and `logs -n N` shows N of the server's own lines, none of podman's
+    event entries (container create, init, start, attach) nor its container ID. Ctrl-C on
+    `logs --follow` is one line; a closed pipe (`logs | head -1`) no traceback."""
+    hosts = [gpu_hosts[0], legacy_host]
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    inventory = write_inventory(tmp_path / "inventory.py", hosts)
+    env = {"HF_ENDPOINT": hf.url, "NO_COLOR": "1"}
+    # the journal outlives a host reset: count from here on
+    show = "journalctl -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p'"
+    cursors = {h.name: ssh(h.name, show).stdout.strip() for h in hosts}
+    deployed = cli("deploy", "tiny", "-i", str(inventory), "--recipes", str(catalog), env=env)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    for h in hosts:
+        # journalctl's own view, outside the tool: the start line is there exactly once
+        after = f"--after-cursor '{cursors[h.name]}'" if cursors[h.name] else ""
+        out = ssh(h.name, f"journalctl -u {UNIT}.service -o cat --no-pager {after}").stdout
+        assert out.count("llama_server: listening on") == 1, (h.name, out[-3000:])
+        assert out.count("load_model: loading model") == 1, (h.name, out[-3000:])
+    proc = cli(
+        *("logs", "tiny", "-i", str(inventory), "--recipes", str(catalog), "-n", "4"), env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    for h in hosts:
+        mine = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{h.name} ")]
+        text = "\n".join(mine)
+        assert len(mine) == 4 and len(set(mine)) == 4, (h.name, text)  # 4 lines, none twice
+        assert "llama_server: listening on" in text, (h.name, text)
+        assert "container create" not in text and "container attach" not in text, text
+        assert not any(ln.rsplit(": ", 1)[-1].strip().isalnum() for ln in mine), text  # no ID
+    # a closed pipe: the first line, then quiet
+    shell = subprocess.run(
+        [
+            "bash",
+            "-c",
+            '"$0" -m tensorless_deploy logs tiny -i "$1" --recipes "$2" -n 200 | head -1',
+            sys.executable,
+            str(inventory),
+            str(catalog),
+        ],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert len(shell.stdout.splitlines()) == 1, shell.stdout
+    assert "Traceback" not in shell.stderr and "BrokenPipe" not in shell.stderr, shell.stderr
+    # Ctrl-C while following: one line, exit 130
+    follow = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorless_deploy",
+            "logs",
+            "tiny",
+            "-i",
+            str(inventory),
+            "--recipes",
+            str(catalog),
+            "-n",
+            "1",
+            "--follow",
+        ],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None
+    first = follow.stdout.readline()  # the streams are open: lines arrive
+    assert first.strip(), first
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=60)
+    assert follow.returncode == 130, (out, err)
+    assert err.splitlines() == ["interrupted"], err
 
 
 def test_rollback_brings_the_previous_recipe_back_and_it_serves(day2: Day2, ssh: SshRunner) -> None:

@@ -29,7 +29,7 @@ def _hosts(args: argparse.Namespace) -> tuple[Any, list[Any]]:
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
 
     local = getattr(args, "local", False) or getattr(args, "inventory", None) is None
-    inventory = load_inventory(args.inventory, local)
+    inventory = load_inventory(args.inventory, local, offers_local=hasattr(args, "local"))
     return inventory, select_hosts(inventory, args.limit or [])
 
 

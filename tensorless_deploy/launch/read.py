@@ -4,6 +4,7 @@ field by field how a deployed unit differs from the one the catalog's recipe ren
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from dataclasses import dataclass
 
@@ -123,6 +124,17 @@ def read_service(text: str) -> UnitContent:
         at += 2
     image = words[at] if at < len(words) else None
     return UnitContent(image, tuple(opts), tuple(words[at + 1 :]))
+
+
+def unit_engine(path: str, text: str) -> str:
+    """Which engine a unit runs: podman for a quadlet, else the binary its ExecStart names."""
+    if path.endswith(".container"):
+        return "podman"
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            words = _words(line.removeprefix("ExecStart="))
+            return posixpath.basename(words[0]) if words else "podman"
+    return "podman"
 
 
 def read_unit(path: str, text: str) -> UnitContent:
