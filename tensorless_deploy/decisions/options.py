@@ -65,6 +65,9 @@ DATA_KEYS = (
     DATA_METRICS,
     DATA_PIDS_LIMIT,
 )
+# Every key above starts so; any other host data key with this prefix is a typo to refuse
+# (pyinfra would carry it silently, and the default would apply).
+DATA_PREFIX = "tensorless_"
 # Threads of one llama-server: -t, the HTTP pool (up to one per CPU) and the backend's own; a
 # fork bomb or a runaway thread pool stops here, far above what a server uses.
 DEFAULT_PIDS_LIMIT = 4096
@@ -375,6 +378,8 @@ def resolve(
 ) -> Options:
     """One host's options: flag, else host data, else default; each validated."""
     check_flags(flags)
+    if data is not None:
+        check_data_keys(data, host)
     values: dict[str, Any] = {}
     for s in SETTINGS:
         value = getattr(flags, s.name)
@@ -413,6 +418,24 @@ def resolve(
         allow_draft=flags.allow_draft,
         local=local,
     )
+
+
+def check_data_keys(data: Mapping[str, object], host: str | None) -> None:
+    """Refuse a host data key that starts like this tool's but is none of DATA_KEYS (a typo:
+    `tensorless_prot: 9000` would otherwise serve on the default port without a word), naming
+    the nearest key the tool reads."""
+    import difflib
+
+    for key in data:
+        if not key.startswith(DATA_PREFIX) or key in DATA_KEYS:
+            continue
+        near = difflib.get_close_matches(key, DATA_KEYS, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        raise InventoryError(
+            f"{host or 'host data'}: {key}: not a key tensorless-deploy reads{hint}",
+            fix=f"correct {key} in the inventory (every {DATA_PREFIX}* key: "
+            "inventories/example.py)",
+        )
 
 
 def _tls_pair(flags: Flags, values: Mapping[str, Any], host: str | None) -> None:

@@ -10,15 +10,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tensorless_deploy.decisions.options import DATA_GPUS, DATA_KEYS, Flags, Options, resolve
+from tensorless_deploy.decisions.options import DATA_GPUS, DATA_PREFIX, Flags, Options, resolve
 from tensorless_deploy.errors import InventoryError, UsageError
 from tensorless_deploy.hostplan.plan import SurveyedHost
 
 
 def host_data(host: Any) -> dict[str, object]:
-    """The tensorless_* keys of a host's inventory data (pyinfra's HostData)."""
+    """The tensorless_* keys of a host's inventory data (pyinfra's HostData, its groups' data
+    included): the tool's own and any mistyped one, which resolve refuses."""
     data = host.data
-    return {key: data.get(key) for key in DATA_KEYS} if data is not None else {}
+    if data is None:
+        return {}
+    return {k: v for k, v in data.dict().items() if k.startswith(DATA_PREFIX)}
 
 
 def options_for(host: Any, flags: Flags, *, local: bool = False) -> Options:

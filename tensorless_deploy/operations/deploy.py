@@ -18,7 +18,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 from pyinfra.operations.util import any_changed
 
-from tensorless_deploy.decisions.options import DATA_KEYS, Flags, resolve
+from tensorless_deploy.decisions.options import DATA_PREFIX, Flags, resolve
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.pyinfra import HostSurvey
 from tensorless_deploy.facts.values import HostFacts
@@ -137,7 +137,8 @@ def serve_plan(
 
 
 def _host_data() -> dict[str, object]:
-    return {key: host.data.get(key) for key in DATA_KEYS}
+    """The host's tensorless_* data, a mistyped key included (resolve refuses it)."""
+    return {k: v for k, v in host.data.dict().items() if k.startswith(DATA_PREFIX)}
 
 
 @deploy("tensorless-deploy: serve a model")
