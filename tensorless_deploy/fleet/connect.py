@@ -35,14 +35,12 @@ def new_state(inventory: Any) -> Any:
 
 
 def _connect(host: Any) -> str | None:
-    from pyinfra.api.exceptions import ConnectError
+    from pyinfra.api.exceptions import PyinfraError
 
     try:
         host.connect(show_errors=False, raise_exceptions=True)
-    except ConnectError as exc:
-        return f"cannot connect: {exc.args[0] if exc.args else exc}"
-    except OSError as exc:
-        return f"cannot connect: {exc}"
+    except (PyinfraError, OSError) as exc:  # ConnectError, and a missing key file
+        return connect_problem(exc, host)
     return None
 
 
@@ -237,3 +235,76 @@ def loopback(host: Any, bind: str, port: int) -> Callable[[], Any]:
         return transport.open_channel("direct-tcpip", (bind, port), ("127.0.0.1", 0), timeout=10)
 
     return channel
+
+
+def connect_problem(exc: BaseException, host: Any) -> str:
+    """An SSH failure as one line with its fix. pyinfra's ConnectError carries only text (a
+    fresh controller without ~/.ssh/known_hosts read "[Errno 2] No such file or directory"),
+    so the cause it was raised from is asked first, then the text."""
+    import errno
+    import os
+    import shlex
+    import socket
+
+    from paramiko.ssh_exception import AuthenticationException, NoValidConnectionsError
+
+    data = host.data
+    where = f"{data.get('ssh_hostname') or host.name}:{data.get('ssh_port') or 22}"
+    text = str(exc.args[0] if exc.args else exc)
+    cause = exc.__cause__ or exc.__context__ or exc
+    known = data.get("ssh_known_hosts_file")
+    if isinstance(cause, FileNotFoundError) and str(cause.filename).endswith("known_hosts"):
+        made = shlex.quote(str(cause.filename))
+        return (
+            f"cannot connect: no known_hosts file {cause.filename} (fix: create it, "
+            f"mkdir -p {shlex.quote(os.path.dirname(str(cause.filename)))} && touch {made}, "
+            "and pyinfra records each new host's key on first contact; or name another with "
+            "ssh_known_hosts_file in the inventory)"
+        )
+    if isinstance(cause, (NoValidConnectionsError, socket.timeout)):
+        codes = {getattr(e, "errno", None) for e in getattr(cause, "errors", {}).values()}
+        why = (
+            "connection refused: no sshd listens there"
+            if errno.ECONNREFUSED in codes
+            else "no route to the host"
+            if errno.EHOSTUNREACH in codes
+            else "no answer"
+        )
+        return (
+            f"cannot connect: nothing answers SSH at {where} ({why}) (fix: check that the host "
+            "is up and reachable from here, and its ssh_hostname and ssh_port in the inventory)"
+        )
+    if isinstance(cause, socket.gaierror):
+        return (
+            f"cannot connect: {data.get('ssh_hostname') or host.name} does not resolve "
+            "(fix: correct ssh_hostname in the inventory, or its DNS entry)"
+        )
+    if isinstance(cause, AuthenticationException):
+        user = data.get("ssh_user") or "the default user"
+        key = data.get("ssh_key") or "the agent's keys"
+        return (
+            f"cannot connect: {where} refused the login as {user} with {key} (fix: authorize "
+            "that key for that user on the host, e.g. ssh-copy-id, or correct ssh_user and "
+            "ssh_key in the inventory)"
+        )
+    if "No authentication methods available" in text:
+        return (
+            f"cannot connect: no SSH key to log in to {where} with (fix: set ssh_key in the "
+            "inventory, or load a key into the agent: ssh-add)"
+        )
+    if text.startswith("No such private key file"):
+        return f"cannot connect: {text} (fix: correct ssh_key in the inventory)"
+    if "does not match" in text:
+        return (
+            f"cannot connect: {where}: {text} (fix: if the host was reinstalled, remove the old "
+            f"key with ssh-keygen -R {data.get('ssh_hostname') or host.name}"
+            f"{' -f ' + shlex.quote(str(known)) if known else ''}; otherwise do not "
+            "connect: something may be in between)"
+        )
+    if "No host key for" in text:
+        return (
+            f"cannot connect: {where}: its key is not in known_hosts and host key checking is "
+            "strict (fix: check its fingerprint and record it: ssh to it once, or add it to "
+            "the ssh_known_hosts_file the inventory names)"
+        )
+    return f"cannot connect: {text}"
