@@ -111,6 +111,38 @@ def test_status_drift_by_field_edit_by_hand_and_without_the_catalog(
     assert day2.units() == []
 
 
+def test_status_names_access_and_secrets_when_the_key_is_removed(
+    tmp_path: Path, hosts_json: dict[str, Any], gpu_hosts: list[Host], hf: HFServer
+) -> None:
+    """Deployed with an API key and /metrics; the key and metrics then removed from the
+    inventory: status names the fields "secrets" (the key's file mount) and "access" (the
+    --api-key-file and --metrics arguments), not "model", and deploy converges them."""
+    key = Path(__file__).parent / "fixtures" / "secrets" / "api.key"
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    env = {"HF_ENDPOINT": hf.url, "NO_COLOR": "1"}
+    keyed = {"tensorless_api_key_file": str(key), "tensorless_metrics": True}
+
+    def run(*args: str, data: dict[str, Any]) -> dict[str, Any]:
+        inv = write_inventory(tmp_path / "inventory.py", gpu_hosts[:1], data={"gpu1": data})
+        proc = cli(*args, "-i", str(inv), "--recipes", str(catalog), "--json", env=env)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        return doc
+
+    assert run("deploy", "tiny", data=keyed)["ok"], "deploy with the key"
+    doc = run("status", data={})
+    assert doc["exit_code"] == 3, doc
+    (u,) = doc["hosts"][0]["units"]
+    fields = {d["field"]: d for d in u["drift"]}
+    assert set(fields) == {"secrets", "access"}, u["drift"]
+    assert "/run/tensorless/api-key" in fields["secrets"]["deployed"]
+    assert "--api-key-file" in fields["access"]["deployed"]
+    assert "--metrics" in fields["access"]["deployed"]
+    assert "--api-key-file" not in fields["access"]["wanted"]
+    assert run("deploy", "tiny", data={})["ok"]
+    assert run("status", data={})["exit_code"] == 0
+
+
 def test_logs_show_llama_server_start_lines_per_host_and_unit(day2: Day2) -> None:
     day2.cli("deploy", "tiny")
     proc = cli(

@@ -164,3 +164,11 @@ def test_every_data_key_is_one_the_tool_reads() -> None:
     check_data_keys({k: None for k in DATA_KEYS} | {"ssh_user": "root"}, "gpu1")  # no error
     with pytest.raises(InventoryError, match="tensorless_gpuz: not a key"):
         check_data_keys({"tensorless_gpuz": []}, "gpu1")
+
+
+def test_every_data_key_is_documented_in_the_example_inventory() -> None:
+    from tensorless_deploy.decisions.options import DATA_KEYS
+
+    example = (Path(__file__).parent.parent / "inventories" / "example.py").read_text()
+    doc = example.split('"""', 2)[1]
+    assert [k for k in DATA_KEYS if f"    {k} " not in doc] == []

@@ -46,6 +46,10 @@ DATA_INSECURE_OPEN = "tensorless_insecure_open"  # true: a non-loopback bind may
 DATA_TLS_CERT_FILE = "tensorless_tls_cert_file"  # PEM certificate (chain) for llama-server
 DATA_TLS_KEY_FILE = "tensorless_tls_key_file"  # its PEM private key
 DATA_METRICS = "tensorless_metrics"  # true: llama-server's /metrics (with the key, if set)
+# Which browser origins may read the API's answers (llama-server --cors-origins): its own
+# default is "*" with credentials, so any web page open on the operator's machine could drive a
+# keyless loopback server; the launcher's default is loopback origins only.
+DATA_CORS_ORIGINS = "tensorless_cors_origins"
 DATA_PIDS_LIMIT = "tensorless_pids_limit"  # the container's pids limit; 0: none set by the tool
 DATA_KEYS = (
     DATA_PORT,
@@ -64,6 +68,14 @@ DATA_KEYS = (
     DATA_TLS_KEY_FILE,
     DATA_METRICS,
     DATA_PIDS_LIMIT,
+    DATA_CORS_ORIGINS,
+)
+# llama-server's special value: it reflects an Origin only when its host is localhost,
+# 127.0.0.1 or [::1] (seen on the test hosts with both pinned builds' --cors-origins).
+CORS_LOOPBACK = "localhost"
+CORS_ANY = "*"
+_ORIGIN = re.compile(
+    r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?"
 )
 # Every key above starts so; any other host data key with this prefix is a typo to refuse
 # (pyinfra would carry it silently, and the default would apply).
@@ -180,6 +192,32 @@ def _flag(v: object) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
+def _cors_origins(v: object) -> str | None:
+    """localhost (loopback origins only), * (any origin: only with an API key), or origins
+    as a browser sends them (scheme://host[:port], comma-separated or a list)."""
+    parts = cors_parts(v)
+    if parts is not None and (
+        parts in ([CORS_LOOPBACK], [CORS_ANY]) or all(_ORIGIN.fullmatch(p) for p in parts)
+    ):
+        return None
+    return (
+        f'must be "{CORS_LOOPBACK}" (loopback origins only), origins such as '
+        f'"https://ui.example.net,http://localhost:3000", or "{CORS_ANY}" (any, with an API key)'
+    )
+
+
+def cors_parts(v: object) -> list[str] | None:
+    """The origins of a tensorless_cors_origins / --cors-origins value; None: not a value."""
+    if isinstance(v, str):
+        parts = v.split(",")
+    elif isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v):
+        parts = list(v)
+    else:
+        return None
+    parts = [p.strip() for p in parts]
+    return parts if parts and all(parts) else None
+
+
 def _pids_limit(v: object) -> str | None:
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 4_194_304:
         return None
@@ -281,6 +319,7 @@ SETTINGS = (
     Setting("tls_key_file", DATA_TLS_KEY_FILE, "--tls-key-file", _path, None),
     Setting("metrics", DATA_METRICS, "--metrics", _flag, False),
     Setting("pids_limit", DATA_PIDS_LIMIT, None, _pids_limit, DEFAULT_PIDS_LIMIT),
+    Setting("cors_origins", DATA_CORS_ORIGINS, "--cors-origins", _cors_origins, CORS_LOOPBACK),
 )
 
 
@@ -301,6 +340,7 @@ class Flags:
     tls_key_file: str | None = None
     metrics: bool | None = None
     pids_limit: int | None = None  # never on a command line: inventory data only
+    cors_origins: str | None = None
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)
@@ -334,6 +374,7 @@ class Options:
     tls_key_file: str | None = None
     metrics: bool = False  # llama-server --metrics
     pids_limit: int = DEFAULT_PIDS_LIMIT  # 0: none set by the tool
+    cors_origins: str = CORS_LOOPBACK  # llama-server --cors-origins, comma-separated
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     local: bool = False  # this machine: `run` needs no systemd
@@ -366,6 +407,18 @@ def check_flags(flags: Flags) -> Flags:
     _tls_pair(
         flags, {"tls_cert_file": flags.tls_cert_file, "tls_key_file": flags.tls_key_file}, None
     )
+    # --cors-origins * takes the key from the same command line (run, serve, export: the
+    # commands with the flag read no inventory data for it)
+    if flags.cors_origins is not None:
+        _cors_any(
+            flags,
+            {
+                "cors_origins": flags.cors_origins,
+                "api_key_file": flags.api_key_file,
+                "insecure_open": flags.insecure_open,
+            },
+            None,
+        )
     return flags
 
 
@@ -398,6 +451,7 @@ def resolve(
                 value = given
         values[s.name] = s.default if value is None else value
     _tls_pair(flags, values, host)
+    _cors_any(flags, values, host)
     return Options(
         port=values["port"],
         bind=values["bind"],
@@ -414,6 +468,7 @@ def resolve(
         tls_key_file=values["tls_key_file"],
         metrics=values["metrics"],
         pids_limit=values["pids_limit"],
+        cors_origins=",".join(cors_parts(values["cors_origins"]) or [CORS_LOOPBACK]),
         extra_args=tuple(flags.extra_args),
         allow_draft=flags.allow_draft,
         local=local,
@@ -436,6 +491,31 @@ def check_data_keys(data: Mapping[str, object], host: str | None) -> None:
             fix=f"correct {key} in the inventory (every {DATA_PREFIX}* key: "
             "inventories/example.py)",
         )
+
+
+def _cors_any(flags: Flags, values: Mapping[str, Any], host: str | None) -> None:
+    """Any origin (*) only where callers need a key, or where the operator opened the server
+    on purpose (insecure_open): without a key, every web page in a browser on a machine that
+    reaches the server could drive it."""
+    if CORS_ANY not in (cors_parts(values["cors_origins"]) or []):
+        return
+    if values["api_key_file"] is not None or values["insecure_open"]:
+        return
+    by_name = {s.name: s for s in SETTINGS}
+    why = (
+        "any web page in a browser that reaches the server could drive it: allow * only with "
+        "an API key"
+    )
+    if flags.cors_origins is not None:
+        key = flags.spelled(by_name["api_key_file"])
+        raise UsageError(
+            f"{flags.spelled(by_name['cors_origins'])} {CORS_ANY}: {why}",
+            fix=f"name the origins that may call it, or give {key}",
+        )
+    raise InventoryError(
+        f"{host or 'host data'}: {DATA_CORS_ORIGINS} {CORS_ANY}: {why}",
+        fix=f"name the origins in {DATA_CORS_ORIGINS}, or set {DATA_API_KEY_FILE}",
+    )
 
 
 def _tls_pair(flags: Flags, values: Mapping[str, Any], host: str | None) -> None:

@@ -372,6 +372,7 @@ def plan_host(
             pids_limit=options.pids_limit,
             heal=heal,
             secrets_root=secrets_root,
+            cors_origins=options.cors_origins,
         )
         unit: UnitFile | None = None
         if units:
