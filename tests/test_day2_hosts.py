@@ -262,6 +262,18 @@ def test_rollback_brings_the_previous_recipe_back_and_it_serves(day2: Day2, ssh:
     assert new != old
     _, dry = day2.cli("rollback", "tiny", "--dry-run")
     assert dry["hosts"][0]["outcome"] == "would change"
+    # what it would go back to: the kept unit's recipe, and how it differs from what runs
+    (step,) = dry["hosts"][0]["steps"]
+    assert step["output"] == [
+        f"would go back to the unit kept from before: recipe {old[:19]} (now {new[:19]})",
+        "context: 2048 -> 4096",
+    ], step
+    text = cli(
+        *("rollback", "tiny", "-i", str(day2.inventory), "--recipes", str(day2.catalog)),
+        "--dry-run",
+        env=day2.env,
+    )
+    assert f"would go back to the unit kept from before: recipe {old[:19]}" in text.stdout
     assert '"-c" "2048"' in ssh(day2.host.name, f"cat {QUADLET}").stdout
     _, back = day2.cli("rollback", "tiny")
     assert back["hosts"][0]["outcome"] == "changed", back
@@ -326,6 +338,34 @@ def test_prune_lists_exactly_the_unused_and_keeps_serving(
     assert _complete(ssh, day2.host.name)["model"] == TINY_REPO
     _, again = day2.cli("prune")
     assert again["hosts"][0]["outcome"] == "unchanged"
+
+
+def test_stop_and_prune_say_what_they_keep(day2: Day2, ssh: SshRunner) -> None:
+    """stop --dry-run names the model file it keeps (and --purge would remove); after a stop
+    without the catalog that deployed it, prune names the engine image it leaves alone (no
+    unit or recipe of its catalog names the repository), and removes it given that catalog."""
+    day2.cli("deploy", "tiny")
+    blob = f"{MODELS}/models--tensorless-test--tiny-llama-GGUF/blobs/"
+    blob += day2.hosts_json["tiny_gguf"]["sha256"]
+    inv = ["-i", str(day2.inventory)]
+    dry = cli("stop", "tiny", *inv, "--dry-run", env=day2.env)
+    assert f"would keep the model file {blob} (--purge removes it)" in dry.stdout, dry.stdout
+    purge = cli("stop", "tiny", *inv, "--recipes", str(day2.catalog), "--purge", "--dry-run")
+    assert f"would remove the model file {blob}" in purge.stdout, purge.stdout
+    assert ssh(day2.host.name, f"test -f {blob} && test -f {QUADLET}").returncode == 0
+    assert cli("stop", "tiny", *inv, env=day2.env).returncode == 0  # the built-in catalog
+    image = day2.hosts_json["image"]["ref"]
+    shown = cli("prune", *inv, "--dry-run", env=day2.env)
+    assert f"would remove model {blob}" in shown.stdout, shown.stdout
+    assert "left alone 1 other image(s), whose repository no unit and no recipe of the " in (
+        shown.stdout
+    ), shown.stdout
+    assert image.partition("@")[0] in shown.stdout
+    _, doc = day2.cli("prune", "--dry-run", recipes=False)
+    assert doc["hosts"][0]["other_images"] == [image], doc
+    _, done = day2.cli("prune")  # with the catalog that names the engine: removed
+    names = [s["name"] for s in done["hosts"][0]["steps"]]
+    assert f"remove image {image}" in names, names
 
 
 KEY_FILE = Path(__file__).parent / "fixtures" / "secrets" / "api.key"

@@ -17,6 +17,7 @@ class Step:
     name: str
     op: Callable[..., Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    preview: tuple[str, ...] = ()  # what a dry run says under the step: what it would do
 
 
 def apply_steps(
@@ -34,12 +35,12 @@ def apply_steps(
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
 
-    metas: dict[str, list[tuple[str, Any]]] = {h.name: [] for h in hosts}
+    metas: dict[str, list[tuple[Step, Any]]] = {h.name: [] for h in hosts}
     state.set_stage(StateStage.Prepare)
     for h in hosts:
         for s in steps.get(h.name, ()):
             res = add_op(state, s.op, name=s.name, host=h, **s.kwargs)
-            metas[h.name].append((s.name, res[h]))
+            metas[h.name].append((s, res[h]))
     if not dry:
         state.set_stage(StateStage.Execute)
         try:
@@ -51,13 +52,17 @@ def apply_steps(
     for h in hosts:
         ms = metas[h.name]
         if dry:
-            rows = [StepResult(n, "would change" if m.will_change else "no change") for n, m in ms]
+            rows = [
+                StepResult(st.name, "would change" if m.will_change else "no change", st.preview)
+                for st, m in ms
+            ]
             changing = any(r.outcome == "would change" for r in rows)
             outcome: Outcome = "would change" if changing else "no change"
             out[h.name] = HostResult(h.name, outcome, None if ms else nothing, steps=tuple(rows))
             continue
         rows = []
-        for n, m in ms:
+        for st, m in ms:
+            n = st.name
             if not m.is_complete():
                 rows.append(StepResult(n, "not run"))
             elif m.did_error():

@@ -28,6 +28,10 @@ class Unused:
     images: tuple[str, ...]
     kept_blobs: tuple[str, ...]
     kept_images: tuple[str, ...]
+    # images the engine holds whose repository no unit and no recipe of the catalog names:
+    # never candidates (they may be the operator's own), and said so, not passed over in
+    # silence (an engine image left by `stop` of a model whose catalog is not this one)
+    other_images: tuple[str, ...] = ()
 
 
 def _repository(image: str) -> str:
@@ -59,6 +63,7 @@ def unused(facts: HostFacts, units: Sequence[DeployedUnit], catalog: Catalog) ->
         images=tuple(i for i in ours if i not in images_in_use),
         kept_blobs=tuple(b.path for b in tool.blobs if b.path in blobs_in_use),
         kept_images=tuple(i for i in ours if i in images_in_use),
+        other_images=tuple(i for i in (tool.images or ()) if i not in ours),
     )
 
 

@@ -16,7 +16,13 @@ from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host
 from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
-from tensorless_deploy.hostplan.status import UnitStatus, host_card_checks, unit_status
+from tensorless_deploy.hostplan.status import (
+    UnitStatus,
+    host_card_checks,
+    model_file,
+    rollback_preview,
+    unit_status,
+)
 from tensorless_deploy.hostplan.targets import Job, Skipped
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import (
@@ -24,7 +30,7 @@ from tensorless_deploy.launch.spec import (
     secrets_dir,
     unit_model_slug,
 )
-from tensorless_deploy.recipe.catalog import Catalog, Entry, slug, unit_name
+from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths, slug, unit_name
 
 
 @dataclass(frozen=True)
@@ -209,12 +215,17 @@ def stop(
                 f"remove {u.name}",
                 removed,
                 dict(service=u.name, paths=unit_paths(u.name), secrets=secrets_dir(u.name)),
+                preview=()
+                if purge or (f := model_file(u)) is None
+                else (f"would keep the model file {f} (--purge removes it)",),
             )
             for u in mine
         ]
         if purge:
             for e in entries:
                 m = e.recipe.model
+                models_dir = options[h.name].models_dir
+                blob = model_paths(models_dir, e.recipe).blob
                 todo.append(
                     Step(
                         f"purge {m.file}",
@@ -222,12 +233,13 @@ def stop(
                         dict(
                             service=unit_name(e.recipe),
                             paths=unit_paths(unit_name(e.recipe)),
-                            models_dir=options[h.name].models_dir,
+                            models_dir=models_dir,
                             repo=m.hf_repo,
                             revision=m.revision,
                             filename=m.file,
                             sha256=m.sha256,
                         ),
+                        preview=(f"would remove the model file {blob}",),
                     )
                 )
         steps[h.name] = todo
@@ -278,6 +290,7 @@ def rollback(
                 f"rollback {u.name}",
                 rolled_back,
                 dict(path=u.path, timeout_s=start_timeout(u.previous_text)),
+                preview=rollback_preview(u),
             )
             for u in mine
         ]
