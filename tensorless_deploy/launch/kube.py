@@ -87,6 +87,8 @@ OPERATOR_SECRETS = {
     "tls.crt": ("tensorless-tls", "tls.crt"),
     "tls.key": ("tensorless-tls", "tls.key"),
 }
+# podman kube play maps a CDI device named in resources.limits from podman 5.4 (PR #25010)
+KUBE_PLAY_MIN_PODMAN = (5, 4)
 SECRET_MODE = 0o440  # readable by the engine's group only, as the units install them
 # podman kube play writes a Secret's files root:root with defaultMode and ignores fsGroup
 # (docs/field-notes.md): 0440 leaves llama-server (uid 10001) unable to read its key, so it

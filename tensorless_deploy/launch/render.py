@@ -181,7 +181,7 @@ def _service_keys() -> dict[str, int]:
 
 
 def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> UnitFile:
-    """A rootful quadlet .container (podman >= 4.4); Notify=healthy from podman 5."""
+    """A rootful quadlet .container (podman >= 4.7, QUADLET_MIN_PODMAN); Notify=healthy from 5."""
     _check_spec(spec)
     if spec.engine != "podman":
         raise RenderError(f"{spec.name}: quadlet units run podman, not {spec.engine}")
@@ -198,7 +198,7 @@ def render_quadlet(spec: LaunchSpec, *, digest: str, notify_healthy: bool) -> Un
 
 
 def render_service(spec: LaunchSpec, *, digest: str, engine_bin: str) -> UnitFile:
-    """A plain systemd .service running podman (older than 4.4) or docker in the foreground."""
+    """A plain systemd .service running podman (older than 4.7) or docker in the foreground."""
     _check_spec(spec)
     exec_start = run_argv(spec, engine_bin, health=True)
     text = (
