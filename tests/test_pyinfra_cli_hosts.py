@@ -128,7 +128,7 @@ def test_doc_deploy_file_serves_then_second_pyinfra_run_changes_nothing(
     write_inventory(
         tmp_path / argv[1],
         [operator],
-        data={HOST: {"tensorless_model": "tiny", "tensorless_recipes": str(catalog)}},
+        data={HOST: {"serve_model": "tiny", "serve_recipes": str(catalog)}},
     )
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYINFRA_"))},
