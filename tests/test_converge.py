@@ -53,7 +53,7 @@ def _recipe(size: int = len(DATA), sha: str = SHA) -> Recipe:
 
 def _pristine() -> HostFacts:
     case = json.loads((TESTS / "pyinfra_facts" / "HostSurvey" / "pristine.json").read_text())
-    facts: HostFacts = HostSurvey().process(case["output"])
+    facts: HostFacts = HostSurvey().read(case["output"])
     return facts
 
 

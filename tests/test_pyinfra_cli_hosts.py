@@ -175,3 +175,75 @@ def test_doc_deploy_file_serves_then_second_pyinfra_run_changes_nothing(
         started
     )
     print(f"\npyinfra first run {took1:.1f} s, second run {took2:.1f} s")
+
+
+def _fact_data(output: str, fact: str) -> dict[str, Any]:
+    """The JSON pyinfra's `fact` command prints after "--> Fact data for: FACT ..."."""
+    text = _ANSI.sub("", output)
+    head = f"--> Fact data for: {fact}"
+    assert head in text, text
+    body = text.split(head, 1)[1].split("\n", 1)[1]
+    end = body.index("\n}\n") + 2
+    data: dict[str, Any] = json.loads(body[:end])
+    return data
+
+
+def test_the_pyinfra_cli_prints_every_documented_fact(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    clean_hosts: None,
+) -> None:
+    """`pyinfra INV fact tensorless_deploy.facts.pyinfra.HostSurvey` once crashed pyinfra's
+    command line ("Cannot serialize: HostFacts"; DeployedUnits and ModelBlob the same): every
+    fact returns plain data now, which the typed value reads back from."""
+    from tensorless_deploy.facts import pyinfra as facts
+    from tensorless_deploy.hub import cache_paths, host_state_dir
+
+    host = test_hosts[HOST]
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    inventory = write_inventory(tmp_path / "inventory.py", [host])
+    deployed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorless_deploy",
+            "deploy",
+            "-i",
+            str(inventory),
+            "tiny",
+            "--recipes",
+            str(catalog),
+        ],
+        env={**os.environ, "HF_ENDPOINT": hf.url},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    g = hosts_json["tiny_gguf"]
+    models = "/var/lib/tensorless/models"
+    p = cache_paths(
+        models, host_state_dir(models), TINY_REPO, TINY_COMMIT, g["hf_file"], g["sha256"]
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYINFRA_")}
+    mod = "tensorless_deploy.facts.pyinfra"
+    asked = [
+        (f"{mod}.HostSurvey", []),
+        (f"{mod}.DeployedUnits", []),
+        (f"{mod}.ModelBlob", [f"blob={p.blob}", f"stamp={p.stamp}", f"snapshot={p.snapshot}"]),
+        (f"{mod}.NvidiaGpus", []),
+        (f"{mod}.CdiSpecs", []),
+    ]
+    for fact, args in asked:
+        _, out, _ = pyinfra(tmp_path, ["pyinfra", str(inventory), "fact", fact, *args], env)
+        data = _fact_data(out, fact)[HOST]
+        typed = getattr(facts, fact.rsplit(".", 1)[1]).typed(data)
+        if fact.endswith("HostSurvey"):
+            assert typed.gpus.state == "ok" and typed.gpus.gpus[0].name == "Tesla P100-PCIE-16GB"
+        elif fact.endswith("DeployedUnits"):
+            (unit,) = typed
+            assert unit.name == UNIT and unit.health == 200, unit
+        elif fact.endswith("ModelBlob"):
+            assert typed.exists and typed.verified and typed.link == p.link_target, typed

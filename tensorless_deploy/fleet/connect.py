@@ -95,10 +95,8 @@ def survey_hosts(
     options = {h.name: options_for(h, flags, local=local) for h in hosts}
 
     def survey(host: Any) -> HostFacts | None:
-        facts: HostFacts | None = host.get_fact(
-            HostSurvey, models_dir=options[host.name].models_dir
-        )
-        return facts
+        plain = host.get_fact(HostSurvey, models_dir=options[host.name].models_dir)
+        return None if plain is None else HostSurvey.typed(plain)
 
     results = on_each_host(state, hosts, survey, keep_connected=keep_connected)
     results = with_engine_images(results, images)

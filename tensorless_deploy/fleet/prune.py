@@ -84,8 +84,8 @@ def prune(
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
-        facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
-        return facts, h.get_fact(DeployedUnits)
+        facts = HostSurvey.typed(h.get_fact(HostSurvey, models_dir=options[h.name].models_dir))
+        return facts, DeployedUnits.typed(h.get_fact(DeployedUnits))
 
     found = dict(
         zip(

@@ -274,7 +274,7 @@ def _needs(
         held = host_fact(
             state, host, ImagePresent, engine_bin=p.engine_bin, image=p.recipe.engine.image
         )
-        return (not blob.exists, not held)
+        return (not ModelBlob.typed(blob).exists, not held)
 
     read_back = on_each_host(state, unknown, read, keep_connected=True) if unknown else []
     for host, r in zip(unknown, read_back, strict=True):

@@ -78,8 +78,9 @@ def fleet_status(
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
-        facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
-        return facts, h.get_fact(DeployedUnits, secrets_root=SECRETS_DIR)
+        facts = HostSurvey.typed(h.get_fact(HostSurvey, models_dir=options[h.name].models_dir))
+        units = DeployedUnits.typed(h.get_fact(DeployedUnits, secrets_root=SECRETS_DIR))
+        return facts, units
 
     results = on_each_host(state, hosts, read)
     out = []
@@ -143,7 +144,9 @@ def read_units(state: Any, hosts: Sequence[Any]) -> dict[str, tuple[DeployedUnit
     """Every host's units of this tool (or why they could not be read); connections stay open."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits
 
-    found = on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True)
+    found = on_each_host(
+        state, hosts, lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)), keep_connected=True
+    )
     return dict(zip([h.name for h in hosts], found, strict=True))
 
 
