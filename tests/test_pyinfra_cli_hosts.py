@@ -193,6 +193,7 @@ def test_the_pyinfra_cli_prints_every_documented_fact(
     hosts_json: dict[str, Any],
     test_hosts: dict[str, Host],
     hf: HFServer,
+    ssh: SshRunner,
     clean_hosts: None,
 ) -> None:
     """`pyinfra INV fact tensorless_deploy.facts.pyinfra.HostSurvey` once crashed pyinfra's
@@ -236,14 +237,30 @@ def test_the_pyinfra_cli_prints_every_documented_fact(
         (f"{mod}.NvidiaGpus", []),
         (f"{mod}.CdiSpecs", []),
     ]
+    # what the host itself says, read over ssh, to hold each fact against
+    smi = ssh(HOST, "nvidia-smi --query-gpu=name,uuid --format=csv,noheader").stdout
+    name, uuid = (f.strip() for f in smi.strip().split(","))
+    specs = ssh(HOST, "ls /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/* 2>/dev/null; true")
+    active = ssh(HOST, f"systemctl is-active {UNIT}; true").stdout.strip()
     for fact, args in asked:
         _, out, _ = pyinfra(tmp_path, ["pyinfra", str(inventory), "fact", fact, *args], env)
+        assert "Cannot serialize" not in out, out
         data = _fact_data(out, fact)[HOST]
         typed = getattr(facts, fact.rsplit(".", 1)[1]).typed(data)
         if fact.endswith("HostSurvey"):
-            assert typed.gpus.state == "ok" and typed.gpus.gpus[0].name == "Tesla P100-PCIE-16GB"
+            assert typed.gpus.state == "ok", typed.gpus
+            assert [(g.name, g.uuid) for g in typed.gpus.gpus] == [(name, uuid)], typed.gpus
+            assert typed.engines.podman.present, typed.engines
         elif fact.endswith("DeployedUnits"):
             (unit,) = typed
             assert unit.name == UNIT and unit.health == 200, unit
+            assert active == "active", active
         elif fact.endswith("ModelBlob"):
+            size = int(ssh(HOST, f"stat -L -c %s {p.blob}").stdout)
             assert typed.exists and typed.verified and typed.link == p.link_target, typed
+            assert typed.size == size == g["size"], (typed, size)
+        elif fact.endswith("NvidiaGpus"):
+            assert [(x.name, x.uuid) for x in typed.gpus] == [(name, uuid)], typed
+        elif fact.endswith("CdiSpecs"):
+            assert sorted(s.path for s in typed) == sorted(specs.stdout.split()), typed
+            assert any("nvidia.com/gpu=0" in s.qualified_devices for s in typed), typed
