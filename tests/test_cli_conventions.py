@@ -106,8 +106,10 @@ def test_a_missing_inventory_offers_local_only_where_the_command_has_it(command:
     """`stop pn3 -i typo.py` once said "pass -i FILE.py or --local", a flag stop lacks."""
     sub: Any = _subcommands()[command]
     has_local = any("--local" in a.option_strings for a in sub._actions)
-    takes_model = any(not a.option_strings and a.required for a in sub._actions[1:])
-    proc = cli(command, *(["pn3"] if takes_model else []), "-i", "/nonexistent/inventory.py")
+    positional = [a for a in sub._actions[1:] if not a.option_strings and a.required]
+    words = [a.choices[0] if a.choices else "pn3" for a in positional]  # maintain: begin
+    # --limit too: maintain asks for it before it reads the inventory
+    proc = cli(command, *words, "-i", "/nonexistent/inventory.py", "--limit", "gpu1")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "/nonexistent/inventory.py: no such inventory file" in proc.stderr, proc.stderr
     assert ("--local" in proc.stderr) == has_local, proc.stderr
