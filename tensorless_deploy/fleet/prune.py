@@ -34,6 +34,11 @@ class Unused:
     other_images: tuple[str, ...] = ()
 
 
+# podman's own infra image, built on the host the first time a pod starts (kube play): never
+# an engine image, nor the operator's; naming it among the images left alone would be noise
+PODMAN_INFRA_REPOSITORY = "localhost/podman-pause"
+
+
 def _repository(image: str) -> str:
     return image.partition("@")[0]
 
@@ -63,7 +68,11 @@ def unused(facts: HostFacts, units: Sequence[DeployedUnit], catalog: Catalog) ->
         images=tuple(i for i in ours if i not in images_in_use),
         kept_blobs=tuple(b.path for b in tool.blobs if b.path in blobs_in_use),
         kept_images=tuple(i for i in ours if i in images_in_use),
-        other_images=tuple(i for i in (tool.images or ()) if i not in ours),
+        other_images=tuple(
+            i
+            for i in (tool.images or ())
+            if i not in ours and _repository(i) != PODMAN_INFRA_REPOSITORY
+        ),
     )
 
 
