@@ -177,6 +177,18 @@ def test_doc_deploy_file_serves_then_second_pyinfra_run_changes_nothing(
     print(f"\npyinfra first run {took1:.1f} s, second run {took2:.1f} s")
 
 
+def doc_fact_commands() -> list[list[str]]:
+    """The ``pyinfra INV fact ...`` lines of docs/pyinfra.md's ```sh blocks, split."""
+    lines = [
+        shlex.split(line)
+        for block in doc_blocks("sh")
+        for line in block.splitlines()
+        if line.startswith("pyinfra ") and " fact " in line
+    ]
+    assert lines, "docs/pyinfra.md: no pyinfra ... fact line in a ```sh block"
+    return lines
+
+
 def _fact_data(output: str, fact: str) -> dict[str, Any]:
     """The JSON pyinfra's `fact` command prints after "--> Fact data for: FACT ..."."""
     text = _ANSI.sub("", output)
@@ -230,9 +242,14 @@ def test_the_pyinfra_cli_prints_every_documented_fact(
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYINFRA_")}
     mod = "tensorless_deploy.facts.pyinfra"
+    # the doc's own lines first (its inventory and host names swapped for this test's), then
+    # the facts an operator asks with arguments, or section by section
+    documented = [
+        (argv[3], ["--limit", HOST] if "--limit" in argv else []) for argv in doc_fact_commands()
+    ]
+    assert [f for f, _ in documented] == [f"{mod}.HostSurvey", f"{mod}.DeployedUnits"], documented
     asked = [
-        (f"{mod}.HostSurvey", []),
-        (f"{mod}.DeployedUnits", []),
+        *documented,
         (f"{mod}.ModelBlob", [f"blob={p.blob}", f"stamp={p.stamp}", f"snapshot={p.snapshot}"]),
         (f"{mod}.NvidiaGpus", []),
         (f"{mod}.CdiSpecs", []),
