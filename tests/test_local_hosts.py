@@ -169,7 +169,7 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
         env=env,
     )
     out, err = bench.communicate(timeout=300)
-    assert bench.returncode == 0, err
+    assert bench.returncode == 0, err + out
     (res,) = json.loads(out)["results"]
     assert res["runs"] == 2 and res["generated_tokens"] == 256 and res["decode_tps"]["median"] > 0
     run.send_signal(signal.SIGTERM)  # one signal is enough
