@@ -14,6 +14,10 @@ tensorless-deploy serves on it, each with its default:
                                                           when present, else docker)
     tensorless_gpus        (read over SSH)               for `plan --offline` only: the GPUs as
                                                           nvidia-smi would list them
+    tensorless_instances   "all"                         one llama-server per matching card:
+                                                          "all", a count, or GPU indices/UUIDs
+    tensorless_ports       (port + 0, 1, ...)            one port per instance, instead of
+                                                          tensorless_port + its ordinal
     tensorless_toolkit_version  (the newest)             for `prepare`: pin the NVIDIA Container
                                                           Toolkit, e.g. "1.17.8-1"
     tensorless_toolkit_repo  "https://nvidia.github.io/libnvidia-container"
@@ -35,6 +39,13 @@ tensorless-deploy serves on it, each with its default:
     tensorless_host_timeout  60                          seconds the host may be silent over
                                                           SSH (connect, any step) before a run
                                                           calls it unreachable (--host-timeout)
+    tensorless_cors_origins "localhost"                   browser origins that may read the
+                                                          API's answers: loopback pages only;
+                                                          "https://ui.example.net,..." names
+                                                          others; "*" only with a key
+
+A tensorless_* key not listed here is refused, naming the nearest one (a typo never leaves the
+default in place without a word).
 
 Use it with:  tensorless-deploy doctor -i inventories/example.py [MODEL]
               tensorless-deploy prepare -i inventories/example.py --dry-run

@@ -5,7 +5,10 @@ The endpoint, URL template and cache folder names are huggingface_hub's own (its
 module, cheap to import), so a file this tool fetched is one huggingface_hub reads back:
 ``models--ORG--NAME/blobs/<sha256>`` holds the bytes and ``snapshots/<revision>/<file>`` is a
 relative link to it. The tool's own verification stamps live outside the Hub cache
-(``state_dir``), so ``huggingface_hub.scan_cache_dir()`` sees nothing it does not know.
+(``state_dir``), so ``huggingface_hub.scan_cache_dir()`` sees nothing it does not know. A file
+fetched by commit has no branch pointing at it, which the Hub tools call a *detached* revision
+(``hf cache prune`` deletes those): the tool names the pinned commit in a ref of its own,
+``refs/tensorless-deploy/<revision>``, which the Hub tools read as any other ref.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from urllib.parse import quote
 
 # Where a host keeps model files unless its inventory data says otherwise (tensorless_models_dir).
 DEFAULT_MODELS_DIR = "/var/lib/tensorless/models"
+# The folder under a cache repo's refs/ where the tool names each pinned revision it fetched:
+# a referenced revision is one `hf cache prune` keeps (huggingface_hub's scan_cache_dir reads
+# every file under refs/, nested ones included, as a ref naming the commit the file holds).
+REF_FOLDER = "tensorless-deploy"
 
 
 def endpoint() -> str:
@@ -83,6 +90,8 @@ class CachePaths:
     stamp: str  # stamp_text() of the blob when last verified, in the tool's state dir
     snapshot: str
     link_target: str  # what the snapshot link points at, relative to the link
+    ref: str  # refs/tensorless-deploy/<revision>: holds the revision, so it is not detached
+    revision: str
     # the flock every writer of the partial holds (a download, a push), in the state dir: one
     # writer at a time, and a writer still running (its run gone) is waited for
     lock: str = ""
@@ -114,4 +123,6 @@ def cache_paths(
         snapshot=snapshot,
         link_target=posixpath.relpath(blob, posixpath.dirname(snapshot)),
         lock=posixpath.join(state_dir, "downloads", f"{sha256}.lock"),
+        ref=posixpath.join(repo_dir, "refs", REF_FOLDER, revision),
+        revision=revision,
     )

@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tensorless_deploy.cli import EXIT_INTERRUPTED, EXIT_PIPE_CLOSED
+
 ROOT = Path(__file__).resolve().parent.parent
 SHELL_LANGS = {"sh", "shell", "bash", "console"}
 MARK = re.compile(r"^\s*<!--\s*(doc-test|illustrative):\s*(.*?)\s*-->\s*$")
@@ -674,13 +676,18 @@ def returned_codes(fn: Callable[..., Any], depth: int = 2) -> set[int]:
 
 def command_codes(parser: argparse.ArgumentParser) -> dict[str, set[int]]:
     """What each command can exit with: its handler's returns, 1 for a refusal (TensorlessError)
-    and 2 for a usage error (UsageError, argparse), in every command."""
+    and 2 for a usage error (UsageError, argparse), and what main returns for any of them (an
+    interrupt, a closed stdout), in every command."""
     out = {}
     for name, p in subparsers(parser).items():
         handler = p._defaults.get("handler")
         codes = returned_codes(handler) if handler is not None else set()
-        out[name] = codes | {1, 2}
+        out[name] = codes | {1, 2, *EVERY_COMMAND}
     return out
+
+
+# What main returns for any command
+EVERY_COMMAND = (EXIT_INTERRUPTED, EXIT_PIPE_CLOSED)
 
 
 def exit_problems(claims: Sequence[ExitClaim], codes: Mapping[str, set[int]]) -> list[str]:
@@ -689,7 +696,7 @@ def exit_problems(claims: Sequence[ExitClaim], codes: Mapping[str, set[int]]) ->
         for code in c.codes:
             if c.command is None:
                 bad = [n for n, have in codes.items() if code not in have and code != 0]
-                if code not in {0, 1, 2} or bad:
+                if code not in {0, 1, 2, *EVERY_COMMAND} or bad:
                     problems.append(f"{c.where}: exit {code} promised for every command: {c.text}")
             elif c.command not in codes:
                 problems.append(f"{c.where}: exit {code} for unknown command {c.command}")
@@ -702,9 +709,10 @@ def exit_problems(claims: Sequence[ExitClaim], codes: Mapping[str, set[int]]) ->
     for c in claims:
         if c.command is not None:
             promised.setdefault(c.command, set()).update(c.codes)
+    every = {code for c in claims if c.command is None for code in c.codes}
     for name, have in codes.items():
         for code in sorted(have - {0, 1, 2}):
-            if code not in promised.get(name, set()):
+            if code not in promised.get(name, set()) | every:
                 problems.append(f"{name} can exit {code}: no page says when")
     return problems
 

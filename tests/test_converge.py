@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,7 +53,7 @@ def _recipe(size: int = len(DATA), sha: str = SHA) -> Recipe:
 
 def _pristine() -> HostFacts:
     case = json.loads((TESTS / "pyinfra_facts" / "HostSurvey" / "pristine.json").read_text())
-    facts: HostFacts = HostSurvey().process(case["output"])
+    facts: HostFacts = HostSurvey().read(case["output"])
     return facts
 
 
@@ -418,11 +419,63 @@ def test_local_fetch_stops_at_size_bytes_and_asks_the_token_only_to_download(
         assert not list((tmp_path / "b").rglob("*.incomplete"))
     monkeypatch.setenv("HF_ENDPOINT", hf.url)
     asked.clear()
-    blob, fetched = fetch_model(_recipe(), str(tmp_path / "c"), token=token)
+    blob, fetched, how = fetch_model(_recipe(), str(tmp_path / "c"), token=token)
     assert fetched == len(DATA) and blob.read_bytes() == DATA and asked == [1]
+    assert how == "downloaded"
     asked.clear()
-    assert fetch_model(_recipe(), str(tmp_path / "c"), token=token) == (blob, 0)
+    assert fetch_model(_recipe(), str(tmp_path / "c"), token=token) == (blob, 0, "verified earlier")
     assert asked == []  # verified earlier: nothing downloaded, no token looked up
+
+
+def test_local_fetch_says_hashed_when_it_hashed_a_file_found_there(
+    tmp_path: Path, hf: HFServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pull found the blob in the cache without the tool's stamp (another tool put it there, or
+    the state dir was cleared): it hashes it, and says so, never "verified earlier"."""
+    hf.publish("tensorless-test/tiny-llama-GGUF", {"tiny-llama.gguf": DATA}, commit=COMMIT)
+    monkeypatch.setenv("HF_ENDPOINT", hf.url)
+    cache = str(tmp_path / "hub")
+    blob, _, _ = fetch_model(_recipe(), cache)
+    shutil.rmtree(host_state_dir(cache))  # the stamps: gone
+    assert fetch_model(_recipe(), cache) == (blob, 0, "hashed")
+    assert fetch_model(_recipe(), cache) == (blob, 0, "verified earlier")
+
+
+HF_CLI = Path(sys.executable).parent / "hf"
+
+
+@pytest.mark.skipif(not HF_CLI.exists(), reason="huggingface_hub's hf command line not installed")
+def test_hf_cache_prune_keeps_what_pull_fetched(
+    tmp_path: Path, hf: HFServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """huggingface_hub's own `hf cache prune` removes revisions no ref names; a model fetched
+    by commit has no branch, so the tool names the pinned commit in a ref of its own. Asked
+    with the real command line, the prune finds nothing to delete (and the cache scans clean)."""
+    hf.publish("tensorless-test/tiny-llama-GGUF", {"tiny-llama.gguf": DATA}, commit=COMMIT)
+    monkeypatch.setenv("HF_ENDPOINT", hf.url)
+    cache = tmp_path / "hub"
+    fetch_model(_recipe(), str(cache))
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HOME", None)
+    proc = subprocess.run(
+        [str(HF_CLI), "cache", "prune", "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Nothing to prune" in proc.stdout, proc.stdout
+    listed = subprocess.run(
+        [str(HF_CLI), "cache", "ls", "--revisions", "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    assert row["revision"] == COMMIT and row["refs"] == [f"tensorless-deploy/{COMMIT}"], row
 
 
 def test_watch_sees_a_second_read() -> None:

@@ -6,6 +6,10 @@ serves, prune lists exactly what no unit uses and removes it while the model kee
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +111,38 @@ def test_status_drift_by_field_edit_by_hand_and_without_the_catalog(
     assert day2.units(code=4) == []  # nothing deployed: exit 4, not "all serving"
 
 
+def test_status_names_access_and_secrets_when_the_key_is_removed(
+    tmp_path: Path, hosts_json: dict[str, Any], gpu_hosts: list[Host], hf: HFServer
+) -> None:
+    """Deployed with an API key and /metrics; the key and metrics then removed from the
+    inventory: status names the fields "secrets" (the key's file mount) and "access" (the
+    --api-key-file and --metrics arguments), not "model", and deploy converges them."""
+    key = Path(__file__).parent / "fixtures" / "secrets" / "api.key"
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    env = {"HF_ENDPOINT": hf.url, "NO_COLOR": "1"}
+    keyed = {"tensorless_api_key_file": str(key), "tensorless_metrics": True}
+
+    def run(*args: str, data: dict[str, Any]) -> dict[str, Any]:
+        inv = write_inventory(tmp_path / "inventory.py", gpu_hosts[:1], data={"gpu1": data})
+        proc = cli(*args, "-i", str(inv), "--recipes", str(catalog), "--json", env=env)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        return doc
+
+    assert run("deploy", "tiny", data=keyed)["ok"], "deploy with the key"
+    doc = run("status", data={})
+    assert doc["exit_code"] == 3, doc
+    (u,) = doc["hosts"][0]["units"]
+    fields = {d["field"]: d for d in u["drift"]}
+    assert set(fields) == {"secrets", "access"}, u["drift"]
+    assert "/run/tensorless/api-key" in fields["secrets"]["deployed"]
+    assert "--api-key-file" in fields["access"]["deployed"]
+    assert "--metrics" in fields["access"]["deployed"]
+    assert "--api-key-file" not in fields["access"]["wanted"]
+    assert run("deploy", "tiny", data={})["ok"]
+    assert run("status", data={})["exit_code"] == 0
+
+
 def test_logs_show_llama_server_start_lines_per_host_and_unit(day2: Day2) -> None:
     day2.cli("deploy", "tiny")
     proc = cli(
@@ -130,6 +166,91 @@ def test_logs_show_llama_server_start_lines_per_host_and_unit(day2: Day2) -> Non
     assert nothing.returncode == 1 and "is not deployed here" in nothing.stderr
 
 
+def test_logs_carry_each_server_line_once_and_no_podman_events(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    gpu_hosts: list[Host],
+    legacy_host: Host,
+    hf: HFServer,
+    ssh: SshRunner,
+) -> None:
+    """The plain unit of podman 4.3 (legacy1) and the quadlet (gpu1): every llama-server line is
+    in the journal once, and `logs -n N` shows N of the server's own lines, none of podman's
+    event entries (container create, init, start, attach) nor its container ID. Ctrl-C on
+    `logs --follow` is one line; a closed pipe (`logs | head -1`) no traceback."""
+    hosts = [gpu_hosts[0], legacy_host]
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    inventory = write_inventory(tmp_path / "inventory.py", hosts)
+    env = {"HF_ENDPOINT": hf.url, "NO_COLOR": "1"}
+    # the journal outlives a host reset: count from here on
+    show = "journalctl -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p'"
+    cursors = {h.name: ssh(h.name, show).stdout.strip() for h in hosts}
+    deployed = cli("deploy", "tiny", "-i", str(inventory), "--recipes", str(catalog), env=env)
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    for h in hosts:
+        # journalctl's own view, outside the tool: the start line is there exactly once
+        after = f"--after-cursor '{cursors[h.name]}'" if cursors[h.name] else ""
+        out = ssh(h.name, f"journalctl -u {UNIT}.service -o cat --no-pager {after}").stdout
+        assert out.count("llama_server: listening on") == 1, (h.name, out[-3000:])
+        assert out.count("load_model: loading model") == 1, (h.name, out[-3000:])
+    proc = cli(
+        *("logs", "tiny", "-i", str(inventory), "--recipes", str(catalog), "-n", "4"), env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    for h in hosts:
+        mine = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{h.name} ")]
+        text = "\n".join(mine)
+        assert len(mine) == 4 and len(set(mine)) == 4, (h.name, text)  # 4 lines, none twice
+        assert "llama_server: listening on" in text, (h.name, text)
+        assert "container create" not in text and "container attach" not in text, text
+        assert not any(ln.rsplit(": ", 1)[-1].strip().isalnum() for ln in mine), text  # no ID
+    # a closed pipe: the first line, then quiet
+    shell = subprocess.run(
+        [
+            "bash",
+            "-c",
+            '"$0" -m tensorless_deploy logs tiny -i "$1" --recipes "$2" -n 200 | head -1',
+            sys.executable,
+            str(inventory),
+            str(catalog),
+        ],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert len(shell.stdout.splitlines()) == 1, shell.stdout
+    assert "Traceback" not in shell.stderr and "BrokenPipe" not in shell.stderr, shell.stderr
+    # Ctrl-C while following: one line, exit 130
+    follow = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorless_deploy",
+            "logs",
+            "tiny",
+            "-i",
+            str(inventory),
+            "--recipes",
+            str(catalog),
+            "-n",
+            "1",
+            "--follow",
+        ],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None
+    first = follow.stdout.readline()  # the streams are open: lines arrive
+    assert first.strip(), first
+    follow.send_signal(signal.SIGINT)
+    out, err = follow.communicate(timeout=60)
+    assert follow.returncode == 130, (out, err)
+    assert err.splitlines() == ["interrupted"], err
+
+
 def test_rollback_brings_the_previous_recipe_back_and_it_serves(day2: Day2, ssh: SshRunner) -> None:
     _, first = day2.cli("deploy", "tiny")
     old = first["hosts"][0]["recipe_digest"]
@@ -141,6 +262,18 @@ def test_rollback_brings_the_previous_recipe_back_and_it_serves(day2: Day2, ssh:
     assert new != old
     _, dry = day2.cli("rollback", "tiny", "--dry-run")
     assert dry["hosts"][0]["outcome"] == "would change"
+    # what it would go back to: the kept unit's recipe, and how it differs from what runs
+    (step,) = dry["hosts"][0]["steps"]
+    assert step["output"] == [
+        f"would go back to the unit kept from before: recipe {old[:19]} (now {new[:19]})",
+        "context: 2048 -> 4096",
+    ], step
+    text = cli(
+        *("rollback", "tiny", "-i", str(day2.inventory), "--recipes", str(day2.catalog)),
+        "--dry-run",
+        env=day2.env,
+    )
+    assert f"would go back to the unit kept from before: recipe {old[:19]}" in text.stdout
     assert '"-c" "2048"' in ssh(day2.host.name, f"cat {QUADLET}").stdout
     _, back = day2.cli("rollback", "tiny")
     assert back["hosts"][0]["outcome"] == "changed", back
@@ -205,6 +338,34 @@ def test_prune_lists_exactly_the_unused_and_keeps_serving(
     assert _complete(ssh, day2.host.name)["model"] == TINY_REPO
     _, again = day2.cli("prune")
     assert again["hosts"][0]["outcome"] == "unchanged"
+
+
+def test_stop_and_prune_say_what_they_keep(day2: Day2, ssh: SshRunner) -> None:
+    """stop --dry-run names the model file it keeps (and --purge would remove); after a stop
+    without the catalog that deployed it, prune names the engine image it leaves alone (no
+    unit or recipe of its catalog names the repository), and removes it given that catalog."""
+    day2.cli("deploy", "tiny")
+    blob = f"{MODELS}/models--tensorless-test--tiny-llama-GGUF/blobs/"
+    blob += day2.hosts_json["tiny_gguf"]["sha256"]
+    inv = ["-i", str(day2.inventory)]
+    dry = cli("stop", "tiny", *inv, "--dry-run", env=day2.env)
+    assert f"would keep the model file {blob} (--purge removes it)" in dry.stdout, dry.stdout
+    purge = cli("stop", "tiny", *inv, "--recipes", str(day2.catalog), "--purge", "--dry-run")
+    assert f"would remove the model file {blob}" in purge.stdout, purge.stdout
+    assert ssh(day2.host.name, f"test -f {blob} && test -f {QUADLET}").returncode == 0
+    assert cli("stop", "tiny", *inv, env=day2.env).returncode == 0  # the built-in catalog
+    image = day2.hosts_json["image"]["ref"]
+    shown = cli("prune", *inv, "--dry-run", env=day2.env)
+    assert f"would remove model {blob}" in shown.stdout, shown.stdout
+    assert "left alone 1 other image(s), whose repository no unit and no recipe of the " in (
+        shown.stdout
+    ), shown.stdout
+    assert image.partition("@")[0] in shown.stdout
+    _, doc = day2.cli("prune", "--dry-run", recipes=False)
+    assert doc["hosts"][0]["other_images"] == [image], doc
+    _, done = day2.cli("prune")  # with the catalog that names the engine: removed
+    names = [s["name"] for s in done["hosts"][0]["steps"]]
+    assert f"remove image {image}" in names, names
 
 
 KEY_FILE = Path(__file__).parent / "fixtures" / "secrets" / "api.key"

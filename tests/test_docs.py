@@ -228,8 +228,8 @@ def test_exit_check_fails_on_a_status_the_code_never_returns(tmp_path: Path) -> 
 
 def test_status_exit_codes_come_from_the_code() -> None:
     codes = command_codes(build_parser())
-    assert codes["status"] == {0, 1, 2, 3, 4}
-    assert codes["deploy"] == {0, 1, 2}
+    assert codes["status"] == {0, 1, 2, 3, 4, 130, 141}  # 130, 141: main's, for every command
+    assert codes["deploy"] == {0, 1, 2, 130, 141}
 
 
 @pytest.mark.parametrize("page", COVERED)
@@ -453,3 +453,95 @@ def test_every_dry_run_is_in_the_one_place_that_says_how_it_exits() -> None:
     rows = dry_run_rows(ROOT / "docs/commands.md")
     assert len(rows) == len(set(rows)), rows
     assert set(rows) == with_dry, (sorted(with_dry - set(rows)), sorted(set(rows) - with_dry))
+
+
+# ----------------------------------------------------------- numbers the pages state, from the code
+
+
+def _podman_minimums() -> list[tuple[str, str]]:
+    """(a word that names what needs it, the version the code requires), most specific first."""
+    from tensorless_deploy.facts.values import NOTIFY_HEALTHY_MIN_PODMAN, QUADLET_MIN_PODMAN
+    from tensorless_deploy.launch.container import HEALTH_ON_FAILURE_MIN_PODMAN
+    from tensorless_deploy.launch.kube import KUBE_PLAY_MIN_PODMAN
+
+    def dotted(v: tuple[int, ...]) -> str:
+        return ".".join(map(str, v))
+
+    return [
+        ("notify=healthy", dotted(NOTIFY_HEALTHY_MIN_PODMAN)),
+        ("health-on-failure", dotted(HEALTH_ON_FAILURE_MIN_PODMAN)),
+        ("kube", dotted(KUBE_PLAY_MIN_PODMAN)),
+        ("quadlet", dotted(QUADLET_MIN_PODMAN)),
+        ("plain", dotted(QUADLET_MIN_PODMAN)),  # the plain unit: podman without it
+    ]
+
+
+_PODMAN_CLAIM = re.compile(
+    r"(?i)(?:(\d+\.\d+)(?:\+| or newer)|(?:older than|before|>=|needs) (?:podman )?(\d+\.\d+))"
+)
+_SENTENCE = re.compile(r"(?<=[.;!?])\s+")
+_OTHER_TOOL = re.compile(
+    r"(?i)\b(skopeo|docker|curl|systemd|openssl|driver|pyinfra)\b(?:(?!podman|quadlet)[^.;]){0,20}$"
+)
+
+
+def _prose(text: str) -> list[str]:
+    """A page's prose as sentences, a table row as one, fenced blocks left out (their output
+    is checked against real runs)."""
+    out: list[str] = []
+    para: list[str] = []
+    fenced = False
+    for line in [*text.splitlines(), ""]:
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if line.lstrip().startswith("|") or not line.strip():
+            out += _SENTENCE.split(" ".join(para))
+            para = []
+            if line.strip():
+                out.append(line)
+            continue
+        para.append(line.strip())
+    return [s for s in out if s]
+
+
+def podman_version_claims(text: str) -> list[tuple[str, str, str | None]]:
+    """Every podman version a page states as a requirement ("4.7 or newer", "older than 4.7",
+    "needs 4.7+", ">= 5.0"), with the version the code requires for what the sentence is
+    about (None: a claim the test cannot place)."""
+    out = []
+    for segment in _prose(text):
+        low = segment.lower()
+        if "podman" not in low and "quadlet" not in low:
+            continue
+        for m in _PODMAN_CLAIM.finditer(segment):
+            if _OTHER_TOOL.search(segment[: m.start()]):
+                continue  # "skopeo before 1.10": another tool's version
+            said = m.group(1) or m.group(2)
+            want = next((v for word, v in _podman_minimums() if word in low), None)
+            out.append((said, segment[:160], want))
+    return out
+
+
+def test_podman_versions_the_pages_state_are_the_codes() -> None:
+    """Three pages once said podman 4.4 is enough for quadlet while the code needs 4.7
+    (decisions.checks.QUADLET_MIN): every such number is read against the code's."""
+    problems = []
+    for page in pages():
+        for said, where, want in podman_version_claims(page.read_text(encoding="utf-8")):
+            if want is None:
+                problems.append(f"{rel(page)}: a podman version the test cannot place: {where}")
+            elif said != want:
+                problems.append(f"{rel(page)}: says podman {said}, the code needs {want}: {where}")
+    assert problems == []
+
+
+def test_the_version_check_fails_on_the_old_quadlet_claim() -> None:
+    from tensorless_deploy.decisions.checks import QUADLET_MIN
+
+    old = "| podman (4.4 or newer for quadlet units; older gets a plain `.service`) or docker |"
+    ((said, _, want),) = podman_version_claims(old)
+    assert (said, want) == ("4.4", QUADLET_MIN) and said != want
+    assert podman_version_claims("Quadlet exists from podman 4.4.") == []  # a fact, no claim

@@ -185,14 +185,18 @@ def test_fleet_report_changes_nothing_and_finds_port_and_servable(
     assert ghost["ok"] is False and ghost["results"] == [] and ghost["gpus"] == []
     assert ghost["error"].startswith("cannot connect") and ssh.unreachable in ghost["error"]
 
-    # the human output, readiness without MODEL: every host ready -> exit 0
+    # the human output, readiness without MODEL: a host no recipe of the catalog fits is not
+    # ready for anything (it once said "ready" beside "no recipe fits") -> exit 1
     rc, text, err = doctor.run(hosts=HOSTS, json_out=False)
-    assert rc == 0, text + err
+    assert rc == 1, text + err
     assert text.splitlines()[:2] == ["gpu1: ready", f"  can serve: {RECIPE}"]
-    assert "gpu2: ready\n  can serve: no recipe in the catalog fits this host's GPUs\n" in text
+    assert "gpu2: NOT READY\n  can serve: no recipe in the catalog fits this host's GPUs\n" in text
+    assert "gpu2: ready" not in text
     assert f"legacy1: ready\n  can serve: {RECIPE}\n" in text
     assert f"fix: upgrade podman to {QUADLET_MIN}" in text  # legacy1's warning carries its fix
-    assert err.strip() == "3 of 3 host(s) ready"
+    assert err.strip() == "2 of 3 host(s) ready; not ready: gpu2"
+    rc, text, err = doctor.run(hosts=("gpu1", "legacy1"), json_out=False)
+    assert rc == 0 and err.strip() == "2 of 2 host(s) ready", text + err
 
     # readiness without MODEL, while something else listens on gpu1's 127.0.0.1:8080
     listener = shlex.join(
@@ -226,7 +230,8 @@ def test_fleet_report_changes_nothing_and_finds_port_and_servable(
     port = checks(report, "gpu1")["port.free"]
     assert port["evidence"] == "127.0.0.1:8080 is taken (listening: 127.0.0.1:8080)", port
     assert "--port N" in port["fix"] and "sport = :8080" in port["fix"]
-    assert hosts_of(report)["gpu2"]["ok"] is True and hosts_of(report)["legacy1"]["ok"] is True
+    assert hosts_of(report)["gpu2"]["ok"] is False  # no recipe fits it
+    assert hosts_of(report)["legacy1"]["ok"] is True
     assert checks(report, "gpu2")["port.free"]["status"] == "ok"
 
 

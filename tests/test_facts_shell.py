@@ -9,6 +9,7 @@ temporary folder that the survey is pointed at.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -244,13 +245,20 @@ def test_pyinfra_runs_the_facts_on_local(
     connect_all(state)
     local = inventory.get_host("@local")
 
-    gpus = local.get_fact(host_facts.NvidiaGpus)
+    # the facts return plain data, as pyinfra's own do; the typed values come from typed()
+    plain = local.get_fact(host_facts.HostSurvey, models_dir=str(tmp_path))
+    assert json.loads(json.dumps(plain)) == plain
+    gpus = host_facts.NvidiaGpus.typed(local.get_fact(host_facts.NvidiaGpus))
     assert gpus.state == "ok" and gpus.driver_version == "580.159.04"
-    toolkit = local.get_fact(host_facts.NvidiaContainerToolkit)
+    toolkit = host_facts.NvidiaContainerToolkit.typed(
+        local.get_fact(host_facts.NvidiaContainerToolkit)
+    )
     assert toolkit.version == (1, 17, 8)
-    disk = local.get_fact(host_facts.FreeDisk, path=str(tmp_path / "not yet"))
+    disk = host_facts.FreeDisk.typed(
+        local.get_fact(host_facts.FreeDisk, path=str(tmp_path / "not yet"))
+    )
     assert disk.checked_path == str(tmp_path)
-    survey = local.get_fact(host_facts.HostSurvey, models_dir=str(tmp_path))
+    survey = host_facts.HostSurvey.typed(plain)
     assert isinstance(survey, HostFacts) and survey.disk is not None
     assert survey.disk.path_exists
     assert survey.gpus == gpus

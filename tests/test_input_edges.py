@@ -112,3 +112,63 @@ def test_an_inventory_error_offers_only_flags_the_command_has(tmp_path: Path) ->
     inv = _inventory(tmp_path, 'gpus = [("gpu1", {"tensorless_port": 99999})]\n')
     proc = cli("deploy", "-i", inv, data["model"]["hf_repo"], "--recipes", str(catalog))
     assert "or override with --port" in assert_clean(proc)[0]
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant", "command"),
+    [
+        ("tensorless_prot", "tensorless_port", ["deploy", "--dry-run"]),
+        ("tensorless_api_keyfile", "tensorless_api_key_file", ["status"]),
+        ("tensorless_model_dir", "tensorless_models_dir", ["doctor"]),
+    ],
+)
+def test_a_mistyped_host_data_key_is_refused_with_the_nearest_key(
+    tmp_path: Path, typo: str, meant: str, command: list[str]
+) -> None:
+    """`tensorless_prot: 9000` once served on the default port without a word. The hosts are
+    never reached (the address answers nobody): the data is refused first."""
+    catalog = tmp_path / "recipes"
+    data = example()
+    path = catalog / data["model"]["hf_repo"] / f"{data['card']['id']}.toml"
+    path.parent.mkdir(parents=True)
+    path.write_text(to_toml(data), encoding="utf-8")
+    inv = _inventory(
+        tmp_path, f'gpus = [("gpu1", {{"ssh_hostname": "192.0.2.1", "{typo}": 9000}})]\n'
+    )
+    model = [data["model"]["hf_repo"]] if command[0] != "status" else []
+    t0 = time.monotonic()
+    proc = cli(command[0], "-i", inv, *model, *command[1:], "--recipes", str(catalog))
+    lines = assert_clean(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith(
+        f"gpu1: {typo}: not a key tensorless-deploy reads; did you mean {meant}?"
+    ), lines
+    assert f"(fix: correct {typo} in the inventory" in lines[0], lines
+    assert time.monotonic() - t0 < 30  # refused before any connection was tried
+
+
+def test_group_data_keys_are_checked_too(tmp_path: Path) -> None:
+    """A typo in a group's data (pyinfra's (hosts, data) tuple) reaches every host of it."""
+    inv = _inventory(
+        tmp_path, 'gpus = (["gpu1"], {"ssh_hostname": "192.0.2.1", "tensorless_bnd": "0.0.0.0"})\n'
+    )
+    proc = cli("status", "-i", inv)
+    lines = assert_clean(proc)
+    assert proc.returncode == 1 and "did you mean tensorless_bind?" in lines[0], lines
+
+
+def test_every_data_key_is_one_the_tool_reads() -> None:
+    from tensorless_deploy.decisions.options import DATA_KEYS, DATA_PREFIX, check_data_keys
+
+    assert all(k.startswith(DATA_PREFIX) for k in DATA_KEYS)
+    check_data_keys({k: None for k in DATA_KEYS} | {"ssh_user": "root"}, "gpu1")  # no error
+    with pytest.raises(InventoryError, match="tensorless_gpuz: not a key"):
+        check_data_keys({"tensorless_gpuz": []}, "gpu1")
+
+
+def test_every_data_key_is_documented_in_the_example_inventory() -> None:
+    from tensorless_deploy.decisions.options import DATA_KEYS
+
+    example = (Path(__file__).parent.parent / "inventories" / "example.py").read_text()
+    doc = example.split('"""', 2)[1]
+    assert [k for k in DATA_KEYS if f"    {k} " not in doc] == []

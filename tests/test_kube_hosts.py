@@ -146,3 +146,76 @@ def test_a_gated_model_downloads_with_the_token_from_a_podman_secret(
     assert hf.stats(TINY_REPO, FILE).auth_seen[-1] is True
     manifest_text = ssh(host, f"cat {REMOTE}").stdout
     assert TOKEN not in manifest_text
+
+
+SECRETS = Path(__file__).parent / "fixtures" / "secrets"
+
+
+def _secret_yaml(name: str, data: dict[str, str], kind: str | None = None) -> str:
+    """A Secret for `podman kube play`, made as the export's header says."""
+    lines = ["apiVersion: v1", "kind: Secret", "metadata:", f"  name: {name}"]
+    if kind:
+        lines.append(f"type: {kind}")
+    lines.append("stringData:")
+    lines += [f"  {k}: {json.dumps(v)}" for k, v in data.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["keyed", "keyed-tls"])
+def test_a_keyed_export_serves_under_kube_play_with_and_without_tls(
+    tmp_path: Path, hosts_json: dict[str, Any], hf: HFServer, ssh: SshRunner, host: Host, tls: bool
+) -> None:
+    """The keyed (and TLS) export once never served: podman writes a Secret's files root:root
+    and ignores fsGroup, so llama-server (uid 10001) could not open /run/tensorless/api-key
+    and exited in a loop; with TLS podman's own probe (curl -f https://localhost, no -k)
+    failed. Played here with its Secrets made as its header says: healthy, not restarting,
+    401 without the key and 200 with it."""
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    out = tmp_path / "keyed.yaml"
+    access = ["--api-key-file", str(SECRETS / "api.key")]
+    if tls:
+        access += ["--tls-cert-file", str(SECRETS / "tls.crt")]
+        access += ["--tls-key-file", str(SECRETS / "tls.key")]
+    proc = cli(
+        *("export", "tiny", "--recipes", str(catalog), "--format", "podman-kube", "-o", str(out)),
+        *access,
+        env={"HF_ENDPOINT": hf.url},
+    )
+    assert proc.returncode == 0, proc.stderr
+    header = out.read_text().split("---", 1)[0]
+    assert "podman secret tensorless-api-key" in header, header
+    key = (SECRETS / "api.key").read_text().strip()
+    assert key not in out.read_text()
+    secrets = _secret_yaml("tensorless-api-key", {"api-key": key})
+    if tls:
+        pair = {n: (SECRETS / n).read_text() for n in ("tls.crt", "tls.key")}
+        secrets += "---\n" + _secret_yaml("tensorless-tls", pair, "kubernetes.io/tls")
+    (tmp_path / "secrets.yaml").write_text(secrets)
+    ssh.put(host, out, REMOTE)
+    ssh.put(host, tmp_path / "secrets.yaml", "/srv/tensorless-kube/secrets.yaml")
+    scheme = "https" if tls else "http"
+    curl = f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 10 {scheme}://127.0.0.1:8080"
+    try:
+        made = ssh(host, "podman kube play /srv/tensorless-kube/secrets.yaml", check=False)
+        assert made.returncode == 0, made.stderr
+        played = _play(ssh, host)
+        assert played.returncode == 0, played.stdout + played.stderr
+        deadline = time.monotonic() + 90
+        health = ""
+        while time.monotonic() < deadline:
+            health = ssh(host, f"podman inspect --format '{{{{.State.Health.Status}}}}' {SERVER}")
+            if health.stdout.strip() == "healthy":
+                break
+            time.sleep(1)
+        assert health.stdout.strip() == "healthy", ssh(host, f"podman logs {SERVER}").stderr
+        assert ssh(host, f"{curl}/health").stdout == "200"
+        assert ssh(host, f"{curl}/v1/models").stdout == "401"
+        with_key = ssh(host, f"{curl}/v1/models -H 'Authorization: Bearer {key}'").stdout
+        assert with_key == "200"
+        restarts = ssh(host, f"podman inspect --format '{{{{.RestartCount}}}}' {SERVER}")
+        assert restarts.stdout.strip() == "0"
+        assert _state(ssh, host, SERVER) == "running"
+    finally:
+        ssh(host, f"podman kube down --force {REMOTE}", check=False)
+        ssh(host, "podman kube down --force /srv/tensorless-kube/secrets.yaml", check=False)
+        ssh(host, "podman secret rm tensorless-api-key tensorless-tls", check=False)

@@ -204,7 +204,7 @@ def _fetch(recipe_dir: Path, cache: Path, hf: HFServer) -> Any:
         "from tensorless_deploy.hub import cache_dir;"
         f"r = load_catalog(Path({str(recipe_dir)!r})).find('tiny')[0].recipe;"
         "seen=[];"
-        "blob, n = fetch_model(r, cache_dir(), progress=lambda d, t: seen.append(d));"
+        "blob, n, _ = fetch_model(r, cache_dir(), progress=lambda d, t: seen.append(d));"
         "print(json.dumps({'blob': str(blob), 'fetched': n, 'progress': len(seen)}))"
     )
     import subprocess

@@ -171,7 +171,7 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
         env=env,
     )
     out, err = bench.communicate(timeout=300)
-    assert bench.returncode == 0, err
+    assert bench.returncode == 0, err + out
     (res,) = json.loads(out)["results"]
     assert res["runs"] == 2 and res["generated_tokens"] == 256 and res["decode_tps"]["median"] > 0
     run.send_signal(signal.SIGTERM)  # one signal is enough
@@ -218,3 +218,55 @@ def test_run_refuses_an_instance_that_serves_off_its_card(
         timeout=60,
     )
     assert "tensorless-tiny-p100" not in left.stdout
+
+
+def test_pull_json_reaches_jq_on_a_first_pull_and_says_how_it_verified(
+    tmp_path: Path, hosts_json: dict[str, Any], hf: HFServer, local_gpu: dict[str, str]
+) -> None:
+    """`pull --json | jq` as an operator scripts it, on a machine that never pulled the image
+    (a storage of its own): podman's image ID must not reach stdout ahead of the JSON. Then the
+    model found in the cache without the tool's stamp is hashed, and pull says so."""
+    storage = tmp_path / "storage.conf"
+    storage.write_text(
+        f'[storage]\ndriver = "vfs"\ngraphroot = "{tmp_path}/graph"\nrunroot = "{tmp_path}/run"\n'
+    )
+    env = {
+        **os.environ,
+        **local_gpu,
+        "HF_ENDPOINT": hf.url,
+        "CONTAINERS_STORAGE_CONF": str(storage),
+        "TL": f"{sys.executable} -m tensorless_deploy",
+    }
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    pipe = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f'$TL pull tiny --json --recipes "{catalog}" | jq -e .'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert pipe.returncode == 0, pipe.stdout + pipe.stderr
+    out = json.loads(pipe.stdout)
+    assert out["ok"] is True and out["image_pulled"] is True, out
+    assert out["model_bytes_downloaded"] == hosts_json["tiny_gguf"]["size"]
+    assert "Writing manifest" in pipe.stderr or "Copying" in pipe.stderr  # podman's own progress
+    # the stamps (the tool's state, beside the cache) gone: the file is hashed, and pull says so
+    shutil.rmtree(Path(env["HF_HUB_CACHE"]).with_name("hub.state"))
+    again = subprocess.run(
+        [sys.executable, "-m", "tensorless_deploy", "pull", "tiny", "--recipes", str(catalog)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "already in the cache, hashed now" in again.stderr, again.stderr
+    assert "verified earlier" not in again.stderr
+    third = subprocess.run(
+        [sys.executable, "-m", "tensorless_deploy", "pull", "tiny", "--recipes", str(catalog)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "already in the cache, verified earlier" in third.stderr, third.stderr

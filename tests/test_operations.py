@@ -17,8 +17,9 @@ A scenario is::
 Commands render as: a plain command's text; a bound script of operations/scripts (the
 ``sh -c`` that ``_run.script`` makes) as ``{"script": NAME, "params": {...}}``, the parameters as
 the strings the host's shell gets, checked by binding them again to the very same text; a file
-upload as ``["upload", CONTENT, DEST]``. Fact values are JSON, except ``ModelBlob``: the fields of
-its BlobState. The fake host fails on a fact (or fact argument) a scenario does not give, and a
+upload as ``["upload", CONTENT, DEST]``. Fact values are JSON, as every fact returns them (the
+operation builds a typed value with the fact's ``typed``). The fake host fails on a fact (or
+fact argument) a scenario does not give, and a
 scenario fails when it gives a fact the operation did not read.
 """
 
@@ -29,7 +30,6 @@ import json
 import pkgutil
 import re
 import shlex
-from collections.abc import Callable
 from importlib import import_module, resources
 from inspect import signature
 from pathlib import Path
@@ -41,7 +41,6 @@ from pyinfra.api.util import get_kwargs_str
 from pyinfra.context import ctx_host
 
 from tensorless_deploy import shell
-from tensorless_deploy.facts.values import BlobState
 from tensorless_deploy.operations import _run
 
 SCENARIOS = Path(__file__).parent / "operations"
@@ -49,7 +48,6 @@ OPERATIONS_PACKAGE = "tensorless_deploy.operations"
 KEYS = {"description", "args", "env", "facts", "commands", "noop_description"}
 
 # fact class name -> JSON -> the value the real fact's process() returns
-DECODE: dict[str, Callable[[Any], Any]] = {"ModelBlob": lambda v: BlobState(**v)}
 
 
 class MissingFact(AssertionError):
@@ -81,7 +79,7 @@ class FakeHost:
         if given is None or key not in given:
             raise MissingFact(f"the scenario gives no fact {name} for {key!r}")
         self.read.add((name, key))
-        return DECODE.get(name, lambda v: v)(given[key])
+        return given[key]
 
 
 _BIND = re.compile(r"([a-z_][a-z0-9_]*)=((?:'[^']*'|\"'\"|[\w@%+=:,./-])+)\n")

@@ -149,3 +149,52 @@ def test_cli_names_the_host_and_key_of_bad_inventory_data(tmp_path: Path) -> Non
             "gpu9: tensorless_port: must be a port number 1-65535 (got 99999)"
         ), proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+# --- browser origins (llama-server --cors-origins): loopback only unless the operator widens it
+
+
+def test_cors_origins_default_to_loopback_and_widen_by_the_option() -> None:
+    assert resolve().cors_origins == "localhost"
+    ui = "https://ui.example.net,http://[::1]:3000"
+    assert resolve(Flags(), {"tensorless_cors_origins": ui}, "gpu1").cors_origins == ui
+    listed = ["https://ui.example.net", "http://localhost:3000"]
+    assert resolve(Flags(), {"tensorless_cors_origins": listed}, "gpu1").cors_origins == (
+        "https://ui.example.net,http://localhost:3000"
+    )
+    keyed = {"tensorless_cors_origins": "*", "tensorless_api_key_file": "/k"}
+    assert resolve(Flags(), keyed, "gpu1").cors_origins == "*"
+
+
+@pytest.mark.parametrize("value", ["evil", "ftp://x.example", "https://a b", "", "https://x/", 5])
+def test_a_bad_cors_origins_value_names_the_host_and_key(value: object) -> None:
+    with pytest.raises(InventoryError, match="gpu1: tensorless_cors_origins: must be"):
+        resolve(Flags(), {"tensorless_cors_origins": value}, "gpu1")
+    if isinstance(value, str):
+        with pytest.raises(UsageError, match="--cors-origins"):
+            resolve(Flags(cors_origins=value))
+
+
+def test_any_origin_only_with_a_key() -> None:
+    with pytest.raises(InventoryError, match=r"gpu1: tensorless_cors_origins \*: any web page"):
+        resolve(Flags(), {"tensorless_cors_origins": "*"}, "gpu1")
+    with pytest.raises(UsageError, match=r"--cors-origins \*: any web page") as info:
+        resolve(Flags(cors_origins="*"))
+    assert info.value.fix is not None and "--api-key-file" in info.value.fix
+    assert resolve(Flags(cors_origins="*", api_key_file="/k")).cors_origins == "*"
+
+
+def test_cors_origins_reach_llama_server_and_recipes_cannot_set_them(tmp_path: Path) -> None:
+    """run --dry-run prints the exact command: --cors-origins is the launcher's; after -- (a
+    run's extra args) it is refused, naming the option to use instead."""
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "XDG_CACHE_HOME": str(tmp_path)}
+    proc = cli("run", "pn3", "--dry-run", "--card", "p100", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "--cors-origins localhost" in proc.stdout, proc.stdout
+    proc = cli("run", "pn3", "--dry-run", "--card", "p100", "--cors-origins", "https://u.example")
+    assert "--cors-origins https://u.example" in proc.stdout, proc.stdout + proc.stderr
+    proc = cli("run", "pn3", "--dry-run", "--card", "p100", "--", "--cors-origins", "*", env=env)
+    assert proc.returncode == 2, proc.stdout
+    assert "the launcher sets --cors-origins itself; use --cors-origins (before the --)" in (
+        proc.stderr
+    ), proc.stderr

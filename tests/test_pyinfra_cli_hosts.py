@@ -128,7 +128,7 @@ def test_doc_deploy_file_serves_then_second_pyinfra_run_changes_nothing(
     write_inventory(
         tmp_path / argv[1],
         [operator],
-        data={HOST: {"tensorless_model": "tiny", "tensorless_recipes": str(catalog)}},
+        data={HOST: {"serve_model": "tiny", "serve_recipes": str(catalog)}},
     )
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PYINFRA_"))},
@@ -175,3 +175,109 @@ def test_doc_deploy_file_serves_then_second_pyinfra_run_changes_nothing(
         started
     )
     print(f"\npyinfra first run {took1:.1f} s, second run {took2:.1f} s")
+
+
+def doc_fact_commands() -> list[list[str]]:
+    """The ``pyinfra INV fact ...`` lines of docs/pyinfra.md's ```sh blocks, split."""
+    lines = [
+        shlex.split(line)
+        for block in doc_blocks("sh")
+        for line in block.splitlines()
+        if line.startswith("pyinfra ") and " fact " in line
+    ]
+    assert lines, "docs/pyinfra.md: no pyinfra ... fact line in a ```sh block"
+    return lines
+
+
+def _fact_data(output: str, fact: str) -> dict[str, Any]:
+    """The JSON pyinfra's `fact` command prints after "--> Fact data for: FACT ..."."""
+    text = _ANSI.sub("", output)
+    head = f"--> Fact data for: {fact}"
+    assert head in text, text
+    body = text.split(head, 1)[1].split("\n", 1)[1]
+    end = body.index("\n}\n") + 2
+    data: dict[str, Any] = json.loads(body[:end])
+    return data
+
+
+def test_the_pyinfra_cli_prints_every_documented_fact(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    ssh: SshRunner,
+    clean_hosts: None,
+) -> None:
+    """`pyinfra INV fact tensorless_deploy.facts.pyinfra.HostSurvey` once crashed pyinfra's
+    command line ("Cannot serialize: HostFacts"; DeployedUnits and ModelBlob the same): every
+    fact returns plain data now, which the typed value reads back from."""
+    from tensorless_deploy.facts import pyinfra as facts
+    from tensorless_deploy.hub import cache_paths, host_state_dir
+
+    host = test_hosts[HOST]
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    inventory = write_inventory(tmp_path / "inventory.py", [host])
+    deployed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorless_deploy",
+            "deploy",
+            "-i",
+            str(inventory),
+            "tiny",
+            "--recipes",
+            str(catalog),
+        ],
+        env={**os.environ, "HF_ENDPOINT": hf.url},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    g = hosts_json["tiny_gguf"]
+    models = "/var/lib/tensorless/models"
+    p = cache_paths(
+        models, host_state_dir(models), TINY_REPO, TINY_COMMIT, g["hf_file"], g["sha256"]
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYINFRA_")}
+    mod = "tensorless_deploy.facts.pyinfra"
+    # the doc's own lines first (its inventory and host names swapped for this test's), then
+    # the facts an operator asks with arguments, or section by section
+    documented = [
+        (argv[3], ["--limit", HOST] if "--limit" in argv else []) for argv in doc_fact_commands()
+    ]
+    assert [f for f, _ in documented] == [f"{mod}.HostSurvey", f"{mod}.DeployedUnits"], documented
+    asked = [
+        *documented,
+        (f"{mod}.ModelBlob", [f"blob={p.blob}", f"stamp={p.stamp}", f"snapshot={p.snapshot}"]),
+        (f"{mod}.NvidiaGpus", []),
+        (f"{mod}.CdiSpecs", []),
+    ]
+    # what the host itself says, read over ssh, to hold each fact against
+    smi = ssh(HOST, "nvidia-smi --query-gpu=name,uuid --format=csv,noheader").stdout
+    name, uuid = (f.strip() for f in smi.strip().split(","))
+    specs = ssh(HOST, "ls /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/* 2>/dev/null; true")
+    active = ssh(HOST, f"systemctl is-active {UNIT}; true").stdout.strip()
+    for fact, args in asked:
+        _, out, _ = pyinfra(tmp_path, ["pyinfra", str(inventory), "fact", fact, *args], env)
+        assert "Cannot serialize" not in out, out
+        data = _fact_data(out, fact)[HOST]
+        typed = getattr(facts, fact.rsplit(".", 1)[1]).typed(data)
+        if fact.endswith("HostSurvey"):
+            assert typed.gpus.state == "ok", typed.gpus
+            assert [(g.name, g.uuid) for g in typed.gpus.gpus] == [(name, uuid)], typed.gpus
+            assert typed.engines.podman.present, typed.engines
+        elif fact.endswith("DeployedUnits"):
+            (unit,) = typed
+            assert unit.name == UNIT and unit.health == 200, unit
+            assert active == "active", active
+        elif fact.endswith("ModelBlob"):
+            size = int(ssh(HOST, f"stat -L -c %s {p.blob}").stdout)
+            assert typed.exists and typed.verified and typed.link == p.link_target, typed
+            assert typed.size == size == g["size"], (typed, size)
+        elif fact.endswith("NvidiaGpus"):
+            assert [(x.name, x.uuid) for x in typed.gpus] == [(name, uuid)], typed
+        elif fact.endswith("CdiSpecs"):
+            assert sorted(s.path for s in typed) == sorted(specs.stdout.split()), typed
+            assert any("nvidia.com/gpu=0" in s.qualified_devices for s in typed), typed

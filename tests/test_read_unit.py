@@ -52,3 +52,34 @@ def test_a_recipe_change_is_named_field_by_field(kind: str) -> None:
     assert set(found) == {"context", "env"}, found
     assert found["context"] == ("65536", "1024")
     assert "GGML_CUDA_FATTN_SM60=0" in found["env"][1]
+
+
+@pytest.mark.parametrize("kind", ["quadlet", "service"])
+def test_the_operators_access_and_secrets_are_fields_of_their_own(kind: str) -> None:
+    """A unit deployed with an API key, TLS and /metrics, compared with the same recipe without
+    them: the key and TLS mounts are "secrets" (they were reported as "model"), the
+    --api-key-file, --ssl-*-file and --metrics arguments "access" (they were not reported), and
+    the model's own mount is no drift at all. The CORS origins are access too."""
+    base = next(c for c in cases() if c.name == "quadlet-podman5").data
+
+    def unit(**spec: object) -> tuple[str, str]:
+        data = {**base, "spec": {**base["spec"], **spec}}
+        s = spec_for(data, recipe_for(data))
+        if kind == "quadlet":
+            u = render_quadlet(s, digest="sha256:" + "0" * 64, notify_healthy=True)
+        else:
+            u = render_service(s, digest="sha256:" + "0" * 64, engine_bin="/usr/bin/podman")
+        return u.path, u.content
+
+    (pa, a), (pb, b) = unit(api_key=True, tls=True, metrics=True), unit()
+    found = {
+        d.field: (d.deployed, d.wanted) for d in drift(read_unit(pa, a), read_unit(pb, b), a, b)
+    }
+    assert set(found) == {"secrets", "access"}, found
+    assert "/run/tensorless/api-key" in found["secrets"][0] and found["secrets"][1] == "-"
+    deployed, wanted = found["access"]
+    for arg in ("--api-key-file /run/tensorless/api-key", "--ssl-cert-file", "--metrics"):
+        assert arg in deployed and arg not in wanted, found["access"]
+    assert "--cors-origins localhost" in deployed and "--cors-origins localhost" in wanted
+    pc, c = unit(cors_origins="https://ui.example.net")
+    assert {d.field for d in drift(read_unit(pb, b), read_unit(pc, c), b, c)} == {"access"}

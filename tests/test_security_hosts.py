@@ -207,6 +207,64 @@ OPEN = {"tensorless_insecure_open": True}
 # ------------------------------------------------------------------------ a server that heals
 
 
+def _cors(fleet: Fleet, host: str, origin: str, key: str | None = None) -> dict[str, str]:
+    """What a browser would see for a request from a page at ``origin``: the simple GET's and
+    the preflight's Access-Control-Allow-Origin (empty: not allowed), asked on the host."""
+    auth = f"-H 'Authorization: Bearer {key}' " if key else ""
+    out = {}
+    for kind, how in (
+        ("get", f"{auth}http://127.0.0.1:8080/v1/models"),
+        (
+            "preflight",
+            "-X OPTIONS -H 'Access-Control-Request-Method: POST' "
+            "-H 'Access-Control-Request-Headers: content-type' "
+            "http://127.0.0.1:8080/v1/chat/completions",
+        ),
+    ):
+        head = fleet.sh(host, f"curl -s -D - -o /dev/null -H 'Origin: {origin}' {how}")
+        allow = [
+            ln.split(":", 1)[1].strip()
+            for ln in head.splitlines()
+            if ln.lower().startswith("access-control-allow-origin:")
+        ]
+        out[kind] = allow[0] if allow else ""
+    return out
+
+
+def test_a_foreign_origin_cannot_read_a_keyless_loopback_server(fleet: Fleet) -> None:
+    """llama-server's default is --cors-origins * with credentials: a web page in a browser on
+    the operator's machine could drive a keyless loopback server. The launcher's default is
+    loopback origins only; an origin named in tensorless_cors_origins is let in, others not."""
+    names = ["gpu1", "legacy1"]
+    show = "journalctl -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p'"
+    cursors = {n: fleet.sh(n, show).strip() for n in names}  # the journal outlives a reset
+    rc, report, out = fleet.deploy(names, {})
+    assert rc == 0, out
+    for name in names:
+        assert _cors(fleet, name, "http://evil.example") == {"get": "", "preflight": ""}
+        assert _cors(fleet, name, "http://localhost.evil.example")["get"] == ""
+        local = _cors(fleet, name, "http://localhost:3000")
+        assert local == {"get": "http://localhost:3000", "preflight": "http://localhost:3000"}
+        after = f"--after-cursor '{cursors[name]}'" if cursors[name] else ""
+        journal = fleet.sh(name, f"journalctl -u {UNIT}.service -o cat --no-pager {after}")
+        assert "load_model" in journal and "CORS allows all origins" not in journal, journal
+    # widened by the option: that origin is let in, a foreign one still not
+    ui = "https://ui.example.net"
+    rc, report, out = fleet.deploy(names, {"tensorless_cors_origins": ui})
+    assert rc == 0 and set(_outcomes(report).values()) == {"changed"}, out
+    for name in names:
+        assert _cors(fleet, name, ui) == {"get": ui, "preflight": ui}
+        # llama-server names its one allowed origin to everyone; a browser on another origin
+        # compares and refuses the answer (neither the foreign origin nor * is allowed)
+        foreign = _cors(fleet, name, "http://evil.example")
+        assert set(foreign.values()) <= {"", ui}, foreign
+    # any origin only with a key: refused before anything changes
+    rc, report, out = fleet.deploy(names, {"tensorless_cors_origins": "*"})
+    assert rc == 1 and "tensorless_cors_origins *: any web page" in out, out
+    for name in names:
+        assert _cors(fleet, name, ui)["get"] == ui  # what served goes on serving
+
+
 def _main_pid(fleet: Fleet, host: str) -> int:
     return int(fleet.sh(host, f"podman inspect {UNIT} --format '{{{{.State.Pid}}}}'").strip())
 

@@ -120,10 +120,64 @@ def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unrecognized(
+    parser: argparse.ArgumentParser, command: str | None, words: Sequence[str]
+) -> str:
+    """argparse's "unrecognized arguments", and for a mistyped option the nearest one the
+    command has (--dryrun: did you mean --dry-run?)."""
+    import difflib
+
+    known: list[str] = []
+    for p in (parser, _subparser(parser, command)):
+        if p is not None:
+            known += [o for a in p._actions for o in a.option_strings if o.startswith("--")]
+    shown = []
+    for word in words:
+        near = (
+            difflib.get_close_matches(word.partition("=")[0], known, n=1, cutoff=0.6)
+            if word.startswith("--")
+            else []
+        )
+        shown.append(f"{word} (did you mean {near[0]}?)" if near else word)
+    return f"unrecognized arguments: {' '.join(shown)}"
+
+
+def _subparser(
+    parser: argparse.ArgumentParser, command: str | None
+) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # every line a command prints passes through output.safe (no raw ESC, C1 or CR from input)
     with terminal_guard():
-        return _main(argv)
+        try:
+            code = _main(argv)
+            sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
+            return code
+        except BrokenPipeError:
+            # the reader went away (`export ... | head`): stop quietly, as a filter does
+            _discard_stdout()
+            return EXIT_PIPE_CLOSED
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, said in one line
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a writer whose pipe closed
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush finds nowhere to fail."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+    except OSError:
+        pass
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -136,7 +190,10 @@ def _main(argv: Sequence[str] | None) -> int:
         words, extra = words[:at], words[at + 1 :]
     args = argparse.Namespace(json="--json" in words)  # what a refusal of the words may say
     try:
-        args = parser.parse_args(words)
+        args, unknown = parser.parse_known_args(words)
+        if unknown:
+            command = getattr(args, "command", None)
+            (_subparser(parser, command) or parser).error(_unrecognized(parser, command, unknown))
         if extra and not getattr(args, "takes_extra", False):
             parser.error(f"{args.command} takes no extra llama-server args after --")
         args.extra = extra
@@ -161,7 +218,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

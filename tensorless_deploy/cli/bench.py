@@ -190,7 +190,9 @@ def inventory_targets(
     inventory = load_inventory(args.inventory, False)
     hosts = select_hosts(inventory, args.limit or [])
     state = new_state(inventory)
-    found = on_each_host(state, hosts, lambda h: h.get_fact(DeployedUnits), keep_connected=True)
+    found = on_each_host(
+        state, hosts, lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)), keep_connected=True
+    )
     cleanup.append(lambda: disconnect(hosts))
     want = unit_name(entry.recipe)
     targets = []

@@ -133,6 +133,12 @@ def access_flags(p: argparse.ArgumentParser, bind: str, key_help: str | None = N
     p.add_argument("--tls-cert-file", metavar="FILE", help="serve https with this PEM cert")
     p.add_argument("--tls-key-file", metavar="FILE", help="... and this PEM private key")
     p.add_argument("--metrics", action="store_true", help="llama-server's /metrics (tuned)")
+    p.add_argument(
+        "--cors-origins",
+        metavar="ORIGINS",
+        help="browser origins that may call the API: localhost (default: loopback origins "
+        "only), scheme://host[:port],... or * (with --api-key-file)",
+    )
 
 
 def access_from(args: argparse.Namespace, flags: Flags) -> Flags:
@@ -150,6 +156,7 @@ def access_from(args: argparse.Namespace, flags: Flags) -> Flags:
             tls_cert_file=getattr(args, "tls_cert_file", None),
             tls_key_file=getattr(args, "tls_key_file", None),
             metrics=True if getattr(args, "metrics", False) else None,
+            cors_origins=getattr(args, "cors_origins", None),
         )
     )
 

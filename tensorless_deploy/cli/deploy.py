@@ -116,7 +116,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     flags = flags_from(args)
     if args.serial is not None and args.serial < 1:
         raise UsageError(f"--serial {args.serial}: must be 1 or more hosts at a time")
-    inventory = load_inventory(args.inventory, False)
+    inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit or [])
     # the token is looked up only when a host (or this machine, to push) downloads the model
     progress = FleetProgress(quiet=args.json)

@@ -119,7 +119,7 @@ def _refuse_keyless(flags: Flags, target: Target) -> None:
 def build_export(recipe: Recipe, flags: Flags, target: Target, digest: str) -> Export:
     """The manifest for one recipe: refused as deploy refuses it, else rendered."""
     from tensorless_deploy.decisions.checks import state_refusal
-    from tensorless_deploy.decisions.options import DEFAULT_BIND, DEFAULT_PORT
+    from tensorless_deploy.decisions.options import CORS_LOOPBACK, DEFAULT_BIND, DEFAULT_PORT
     from tensorless_deploy.hostplan.plan import instance_name
     from tensorless_deploy.hub import cache_paths, host_state_dir
     from tensorless_deploy.launch.kube import (
@@ -165,6 +165,7 @@ def build_export(recipe: Recipe, flags: Flags, target: Target, digest: str) -> E
             api_key=flags.api_key_file is not None,  # from the Secret, by reference
             tls=flags.tls_cert_file is not None,  # check_flags: both files or neither
             metrics=bool(flags.metrics),
+            cors_origins=flags.cors_origins or CORS_LOOPBACK,  # checked by check_flags
         )
 
     workloads: list[Workload]

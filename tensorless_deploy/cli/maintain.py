@@ -150,7 +150,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         raise UsageError(f"maintain: --runs {args.runs}: 0 or more")
     catalog = catalog_from(args)
     flags = flags_from(args)
-    inventory = load_inventory(args.inventory, False)
+    inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit)
     if args.phase == "begin":
         results = begin(inventory, hosts, flags)

@@ -52,7 +52,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     toolkit = {"version": args.toolkit_version, "repo": args.toolkit_repo, "key": args.toolkit_key}
     toolkit_source(toolkit, None, "")  # a bad --toolkit-* value: a usage error, nothing touched
     flags = flags_from(args)
-    inventory = load_inventory(args.inventory, False)
+    inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit or [])
     request = PrepareRequest(args.model, flags, toolkit, args.dry_run)
     results = prepare(inventory, hosts, catalog, request)

@@ -207,13 +207,17 @@ def _fetch(recipe: Recipe, cache: str, *, quiet: bool = False) -> tuple[Any, int
     from tensorless_deploy.local.fetch import fetch_model
 
     bar = Bar(recipe.model.file, recipe.model.size_bytes, quiet=quiet)
-    blob, fetched = fetch_model(recipe, cache, token=token(), progress=bar)
-    word = f"downloaded {fetched} bytes" if fetched else "already in the cache, verified earlier"
+    got = fetch_model(recipe, cache, token=token(), progress=bar)
+    word = {
+        "downloaded": f"downloaded {got.downloaded} bytes",
+        "hashed": "already in the cache, hashed now",
+        "verified earlier": "already in the cache, verified earlier",
+    }[got.how]
     print(
-        f"model {recipe.model.file}: {word}; sha256 {recipe.model.sha256[:12]}... ok ({blob})",
+        f"model {recipe.model.file}: {word}; sha256 {recipe.model.sha256[:12]}... ok ({got.blob})",
         file=sys.stderr,
     )
-    return blob, fetched
+    return got.blob, got.downloaded
 
 
 def cmd_pull(args: argparse.Namespace) -> int:

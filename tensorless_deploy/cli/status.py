@@ -30,7 +30,7 @@ def _hosts(args: argparse.Namespace) -> tuple[Any, list[Any]]:
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
 
     local = getattr(args, "local", False) or getattr(args, "inventory", None) is None
-    inventory = load_inventory(args.inventory, local)
+    inventory = load_inventory(args.inventory, local, offers_local=hasattr(args, "local"))
     return inventory, select_hosts(inventory, args.limit or [])
 
 
@@ -182,6 +182,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
                         "unused_images": list(lists[r.host].images) if r.host in lists else [],
                         "kept_models": list(lists[r.host].kept_blobs) if r.host in lists else [],
                         "kept_images": list(lists[r.host].kept_images) if r.host in lists else [],
+                        "other_images": list(lists[r.host].other_images) if r.host in lists else [],
                     }
                     for r in results
                 ],
@@ -203,6 +204,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
             print(f"  kept model {b} (a unit uses it)")
         for i in u.kept_images:
             print(f"  kept image {i} (a unit uses it)")
+        if u.other_images:
+            repos = sorted({i.partition("@")[0] for i in u.other_images})
+            print(
+                f"  left alone {len(u.other_images)} other image(s), whose repository no unit "
+                f"and no recipe of the catalog names: {', '.join(repos)} (prune --recipes DIR "
+                "with the catalog that deployed one removes it)"
+            )
         for s in r.steps:
             if s.outcome == "failed":
                 print(f"  {s.name}: failed: {' '.join(s.output)}")

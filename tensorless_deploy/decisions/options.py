@@ -46,6 +46,10 @@ DATA_INSECURE_OPEN = "tensorless_insecure_open"  # true: a non-loopback bind may
 DATA_TLS_CERT_FILE = "tensorless_tls_cert_file"  # PEM certificate (chain) for llama-server
 DATA_TLS_KEY_FILE = "tensorless_tls_key_file"  # its PEM private key
 DATA_METRICS = "tensorless_metrics"  # true: llama-server's /metrics (with the key, if set)
+# Which browser origins may read the API's answers (llama-server --cors-origins): its own
+# default is "*" with credentials, so any web page open on the operator's machine could drive a
+# keyless loopback server; the launcher's default is loopback origins only.
+DATA_CORS_ORIGINS = "tensorless_cors_origins"
 DATA_PIDS_LIMIT = "tensorless_pids_limit"  # the container's pids limit; 0: none set by the tool
 # How long a host may stay silent over SSH (connect, any command, any transfer) before the run
 # calls it unreachable and goes on without it (docs/design.md#deadlines-locks-and-interrupts)
@@ -68,7 +72,18 @@ DATA_KEYS = (
     DATA_METRICS,
     DATA_PIDS_LIMIT,
     DATA_HOST_TIMEOUT,
+    DATA_CORS_ORIGINS,
 )
+# llama-server's special value: it reflects an Origin only when its host is localhost,
+# 127.0.0.1 or [::1] (seen on the test hosts with both pinned builds' --cors-origins).
+CORS_LOOPBACK = "localhost"
+CORS_ANY = "*"
+_ORIGIN = re.compile(
+    r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?"
+)
+# Every key above starts so; any other host data key with this prefix is a typo to refuse
+# (pyinfra would carry it silently, and the default would apply).
+DATA_PREFIX = "tensorless_"
 # Threads of one llama-server: -t, the HTTP pool (up to one per CPU) and the backend's own; a
 # fork bomb or a runaway thread pool stops here, far above what a server uses.
 DEFAULT_PIDS_LIMIT = 4096
@@ -188,6 +203,32 @@ def _flag(v: object) -> str | None:
     return None if isinstance(v, bool) else "must be true or false"
 
 
+def _cors_origins(v: object) -> str | None:
+    """localhost (loopback origins only), * (any origin: only with an API key), or origins
+    as a browser sends them (scheme://host[:port], comma-separated or a list)."""
+    parts = cors_parts(v)
+    if parts is not None and (
+        parts in ([CORS_LOOPBACK], [CORS_ANY]) or all(_ORIGIN.fullmatch(p) for p in parts)
+    ):
+        return None
+    return (
+        f'must be "{CORS_LOOPBACK}" (loopback origins only), origins such as '
+        f'"https://ui.example.net,http://localhost:3000", or "{CORS_ANY}" (any, with an API key)'
+    )
+
+
+def cors_parts(v: object) -> list[str] | None:
+    """The origins of a tensorless_cors_origins / --cors-origins value; None: not a value."""
+    if isinstance(v, str):
+        parts = v.split(",")
+    elif isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v):
+        parts = list(v)
+    else:
+        return None
+    parts = [p.strip() for p in parts]
+    return parts if parts and all(parts) else None
+
+
 def _pids_limit(v: object) -> str | None:
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 4_194_304:
         return None
@@ -305,6 +346,7 @@ SETTINGS = (
         "host_timeout", DATA_HOST_TIMEOUT, "--host-timeout", _host_timeout, DEFAULT_HOST_TIMEOUT_S
     ),
     Setting("wait_lock", None, "--wait-lock", _wait_lock, DEFAULT_LOCK_WAIT_S),
+    Setting("cors_origins", DATA_CORS_ORIGINS, "--cors-origins", _cors_origins, CORS_LOOPBACK),
 )
 
 
@@ -327,6 +369,7 @@ class Flags:
     pids_limit: int | None = None  # never on a command line: inventory data only
     host_timeout: int | None = None
     wait_lock: int | None = None
+    cors_origins: str | None = None
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)
@@ -362,6 +405,7 @@ class Options:
     pids_limit: int = DEFAULT_PIDS_LIMIT  # 0: none set by the tool
     host_timeout: int = DEFAULT_HOST_TIMEOUT_S  # seconds a host may be silent over SSH
     wait_lock: int = DEFAULT_LOCK_WAIT_S  # seconds to wait for another run's lock on it
+    cors_origins: str = CORS_LOOPBACK  # llama-server --cors-origins, comma-separated
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     local: bool = False  # this machine: `run` needs no systemd
@@ -394,6 +438,18 @@ def check_flags(flags: Flags) -> Flags:
     _tls_pair(
         flags, {"tls_cert_file": flags.tls_cert_file, "tls_key_file": flags.tls_key_file}, None
     )
+    # --cors-origins * takes the key from the same command line (run, serve, export: the
+    # commands with the flag read no inventory data for it)
+    if flags.cors_origins is not None:
+        _cors_any(
+            flags,
+            {
+                "cors_origins": flags.cors_origins,
+                "api_key_file": flags.api_key_file,
+                "insecure_open": flags.insecure_open,
+            },
+            None,
+        )
     return flags
 
 
@@ -406,8 +462,11 @@ def resolve(
 ) -> Options:
     """One host's options: flag, else host data, else default; each validated."""
     check_flags(flags)
+    if data is not None:
+        check_data_keys(data, host)
     values = {s.name: _value(s, flags, data, host) for s in SETTINGS}
     _tls_pair(flags, values, host)
+    _cors_any(flags, values, host)
     return Options(
         port=values["port"],
         bind=values["bind"],
@@ -426,6 +485,7 @@ def resolve(
         pids_limit=values["pids_limit"],
         host_timeout=values["host_timeout"],
         wait_lock=values["wait_lock"],
+        cors_origins=",".join(cors_parts(values["cors_origins"]) or [CORS_LOOPBACK]),
         extra_args=tuple(flags.extra_args),
         allow_draft=flags.allow_draft,
         local=local,
@@ -458,6 +518,49 @@ def resolve_one(
     only that one, e.g. the SSH deadline of a read-only command)."""
     check_flags(flags)
     return _value(next(s for s in SETTINGS if s.name == name), flags, data, host)
+
+
+def check_data_keys(data: Mapping[str, object], host: str | None) -> None:
+    """Refuse a host data key that starts like this tool's but is none of DATA_KEYS (a typo:
+    `tensorless_prot: 9000` would otherwise serve on the default port without a word), naming
+    the nearest key the tool reads."""
+    import difflib
+
+    for key in data:
+        if not key.startswith(DATA_PREFIX) or key in DATA_KEYS:
+            continue
+        near = difflib.get_close_matches(key, DATA_KEYS, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        raise InventoryError(
+            f"{host or 'host data'}: {key}: not a key tensorless-deploy reads{hint}",
+            fix=f"correct {key} in the inventory (every {DATA_PREFIX}* key: "
+            "inventories/example.py)",
+        )
+
+
+def _cors_any(flags: Flags, values: Mapping[str, Any], host: str | None) -> None:
+    """Any origin (*) only where callers need a key, or where the operator opened the server
+    on purpose (insecure_open): without a key, every web page in a browser on a machine that
+    reaches the server could drive it."""
+    if CORS_ANY not in (cors_parts(values["cors_origins"]) or []):
+        return
+    if values["api_key_file"] is not None or values["insecure_open"]:
+        return
+    by_name = {s.name: s for s in SETTINGS}
+    why = (
+        "any web page in a browser that reaches the server could drive it: allow * only with "
+        "an API key"
+    )
+    if flags.cors_origins is not None:
+        key = flags.spelled(by_name["api_key_file"])
+        raise UsageError(
+            f"{flags.spelled(by_name['cors_origins'])} {CORS_ANY}: {why}",
+            fix=f"name the origins that may call it, or give {key}",
+        )
+    raise InventoryError(
+        f"{host or 'host data'}: {DATA_CORS_ORIGINS} {CORS_ANY}: {why}",
+        fix=f"name the origins in {DATA_CORS_ORIGINS}, or set {DATA_API_KEY_FILE}",
+    )
 
 
 def _tls_pair(flags: Flags, values: Mapping[str, Any], host: str | None) -> None:

@@ -6,14 +6,23 @@ runs under the survey's time bound (``survey.PROBE_TIMEOUT_S``): a survey sectio
 as timed out, any other fact that hangs is a FactProcessError naming it. Output that cannot be
 read at all becomes pyinfra's FactProcessError, which pyinfra reports per host. ``HostSurvey``
 gathers everything doctor and plan need in a single round trip.
+
+Like pyinfra's own facts, every fact returns plain data (dicts, lists, strings, numbers), so any
+caller can print it, pyinfra's command line included (``pyinfra INV fact
+tensorless_deploy.facts.pyinfra.HostSurvey``): the JSON form of the typed value its parser
+reads. A caller builds the typed value from it with the fact's ``typed`` (``HostFacts``,
+``BlobState``, ...), which validates it as the parser would have made it.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Generic, TypeVar
+from functools import cache
+from typing import Any, ClassVar, Generic, TypeVar
 
+from pydantic import TypeAdapter
+from pydantic_core import to_jsonable_python
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
@@ -82,7 +91,35 @@ def _process(output: Iterable[str], read: Callable[[Iterable[str]], T]) -> T:
         raise FactProcessError(exc.message) from exc
 
 
-class _SurveyFact(FactBase[T], Generic[T]):
+Plain = Any  # a JSON value: what a fact returns
+
+
+@cache
+def _adapter(value_type: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(value_type)
+
+
+class _PlainFact(FactBase[Plain], Generic[T]):
+    """A fact whose parser reads a typed value (``read``) and that returns it as plain data
+    (``process``), as pyinfra's own facts do; ``typed`` builds the value back."""
+
+    abstract = True
+    value_type: ClassVar[Any]
+
+    def read(self, output: Iterable[str]) -> T:
+        raise NotImplementedError
+
+    def process(self, output: Iterable[str]) -> Plain:
+        return to_jsonable_python(self.read(output))
+
+    @classmethod
+    def typed(cls, plain: Plain) -> T:
+        """The typed value from what the fact returned (a caller's own use of the fact)."""
+        value: T = _adapter(cls.value_type).validate_python(plain)
+        return value
+
+
+class _SurveyFact(_PlainFact[T], Generic[T]):
     """A fact made of survey sections and the reader that turns them into one value."""
 
     abstract = True
@@ -90,7 +127,7 @@ class _SurveyFact(FactBase[T], Generic[T]):
     def _read(self, sections: Mapping[str, SectionOutput]) -> T:
         raise NotImplementedError
 
-    def process(self, output: Iterable[str]) -> T:
+    def read(self, output: Iterable[str]) -> T:
         return _process(output, lambda lines: self._read(split_sections(lines)))
 
 
@@ -100,6 +137,8 @@ def _script(sections: Sequence[Section]) -> str:
 
 class NvidiaGpus(_SurveyFact[GpuReport]):
     """GPUs from NVIDIA_SMI_QUERY, or the state nvidia-smi is in (absent, no driver, ...)."""
+
+    value_type = GpuReport
 
     def command(self) -> str:
         return _script(gpu_sections())
@@ -111,6 +150,8 @@ class NvidiaGpus(_SurveyFact[GpuReport]):
 class NvidiaDeviceNodes(_SurveyFact[NvidiaDevices]):
     """/dev/nvidia* character devices (nvidia-uvm included) and their /dev/char links."""
 
+    value_type = NvidiaDevices
+
     def command(self) -> str:
         return _script(device_sections())
 
@@ -120,6 +161,8 @@ class NvidiaDeviceNodes(_SurveyFact[NvidiaDevices]):
 
 class ContainerEngineVersions(_SurveyFact[ContainerEngines]):
     """podman and docker: present, version, quadlet generator, docker's runtimes."""
+
+    value_type = ContainerEngines
 
     def command(self) -> str:
         return _script(engine_sections())
@@ -131,6 +174,8 @@ class ContainerEngineVersions(_SurveyFact[ContainerEngines]):
 class NvidiaContainerToolkit(_SurveyFact[ContainerToolkit]):
     """``nvidia-ctk --version``."""
 
+    value_type = ContainerToolkit
+
     def command(self) -> str:
         return _script(toolkit_sections())
 
@@ -140,6 +185,8 @@ class NvidiaContainerToolkit(_SurveyFact[ContainerToolkit]):
 
 class CdiSpecs(_SurveyFact[tuple[CdiSpec, ...]]):
     """Every CDI spec file in /etc/cdi and /var/run/cdi (judge them with ``analyse_cdi``)."""
+
+    value_type = tuple[CdiSpec, ...]
 
     def command(self, cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS) -> str:
         return _script(cdi_sections(cdi_dirs))
@@ -151,6 +198,8 @@ class CdiSpecs(_SurveyFact[tuple[CdiSpec, ...]]):
 class SelinuxDevices(_SurveyFact[Selinux]):
     """SELinux mode and the ``container_use_devices`` boolean."""
 
+    value_type = Selinux
+
     def command(self) -> str:
         return _script(selinux_sections())
 
@@ -160,6 +209,8 @@ class SelinuxDevices(_SurveyFact[Selinux]):
 
 class InitProcess(_SurveyFact[InitSystem]):
     """What runs as PID 1 (systemd or not)."""
+
+    value_type = InitSystem
 
     def command(self) -> str:
         return _script(init_sections())
@@ -171,6 +222,8 @@ class InitProcess(_SurveyFact[InitSystem]):
 class CpuCount(_SurveyFact[int]):
     """``nproc``."""
 
+    value_type = int
+
     def command(self) -> str:
         return _script(cpu_sections())
 
@@ -181,6 +234,8 @@ class CpuCount(_SurveyFact[int]):
 class FreeDisk(_SurveyFact[DiskSpace]):
     """Free space at a path (its nearest existing parent when it is not there yet)."""
 
+    value_type = DiskSpace
+
     def command(self, path: str = DEFAULT_MODELS_DIR) -> str:
         return _script(disk_sections(path))
 
@@ -190,6 +245,8 @@ class FreeDisk(_SurveyFact[DiskSpace]):
 
 class ListeningPorts(_SurveyFact[tuple[Listener, ...]]):
     """Every listening TCP socket (``ss -Hltn``); ask ``listener_blocks`` about one port."""
+
+    value_type = tuple[Listener, ...]
 
     def command(self) -> str:
         return _script(port_sections())
@@ -202,6 +259,8 @@ class HostLogin(_SurveyFact[Login]):
     """The SSH user before any sudo (read it with ``_sudo=False``), and with ``sudo=True``
     whether sudo works without a password (``sudo -n``: never a prompt)."""
 
+    value_type = Login
+
     def command(self, sudo: bool = False) -> str:
         return _script(login_sections(sudo))
 
@@ -209,15 +268,17 @@ class HostLogin(_SurveyFact[Login]):
         return read_login(sections)
 
 
-class HostSurvey(FactBase[HostFacts]):
+class HostSurvey(_PlainFact[HostFacts]):
     """Everything above in one SSH round trip, as one HostFacts value."""
+
+    value_type = HostFacts
 
     def command(
         self, models_dir: str = DEFAULT_MODELS_DIR, cdi_dirs: Sequence[str] = DEFAULT_CDI_DIRS
     ) -> str:
         return _script(all_sections(models_dir, cdi_dirs))
 
-    def process(self, output: Iterable[str]) -> HostFacts:
+    def read(self, output: Iterable[str]) -> HostFacts:
         return _process(output, host_facts_from_survey)
 
 
@@ -247,8 +308,10 @@ class ImagePresent(FactBase[bool]):
         return _one(output, "the image check") == "yes"
 
 
-class ModelBlob(FactBase[BlobState]):
+class ModelBlob(_PlainFact[BlobState]):
     """`stat` of the blob, its verification stamp, and the snapshot link's target."""
+
+    value_type = BlobState
 
     def command(self, blob: str, stamp: str, snapshot: str) -> str:
         b, s, n = shlex.quote(blob), shlex.quote(stamp), shlex.quote(snapshot)
@@ -257,7 +320,7 @@ class ModelBlob(FactBase[BlobState]):
             f'echo "$(cat {s} 2>/dev/null)"; echo "$(readlink {n} 2>/dev/null)"'
         )
 
-    def process(self, output: Iterable[str]) -> BlobState:
+    def read(self, output: Iterable[str]) -> BlobState:
         return parse_blob_state("\n".join(_lines(output, "the model file check")))
 
 
@@ -290,12 +353,14 @@ class HttpStatus(FactBase[int]):
         return int(text) if text.isdigit() else 0
 
 
-class DeployedUnits(FactBase[tuple[DeployedUnit, ...]]):
+class DeployedUnits(_PlainFact[tuple[DeployedUnit, ...]]):
     """Every unit tensorless-deploy wrote on the host, with what runs from it."""
 
+    value_type = tuple[DeployedUnit, ...]
+
     @staticmethod
-    def default() -> tuple[DeployedUnit, ...]:
-        return ()  # no output: no unit of ours on the host
+    def default() -> Plain:
+        return []  # no output: no unit of ours on the host
 
     def command(self, secrets_root: str = "") -> str:
         """With secrets_root (where the units' API keys are), also each metrics-enabled unit's
@@ -303,7 +368,7 @@ class DeployedUnits(FactBase[tuple[DeployedUnit, ...]]):
         script = shell.load("tensorless_deploy.facts", "deployed-units")
         return bounded_command(shell.bind(script, secrets_root=secrets_root, device_re=DEVICE_LINE))
 
-    def process(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
+    def read(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
         return parse_deployed_units("\n".join(_lines(output, "the units' state")))
 
 

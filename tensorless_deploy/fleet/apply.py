@@ -17,6 +17,7 @@ class Step:
     name: str
     op: Callable[..., Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    preview: tuple[str, ...] = ()  # what a dry run says under the step: what it would do
 
 
 def apply_steps(
@@ -34,27 +35,31 @@ def apply_steps(
 
     from tensorless_deploy.fleet.connect import lost, run_hosts
 
-    metas: dict[str, list[tuple[str, Any]]] = {h.name: [] for h in hosts}
+    metas: dict[str, list[tuple[Step, Any]]] = {h.name: [] for h in hosts}
     state.set_stage(StateStage.Prepare)
     for h in hosts:
         for s in steps.get(h.name, ()):
             res = add_op(state, s.op, name=s.name, host=h, **s.kwargs)
-            metas[h.name].append((s.name, res[h]))
+            metas[h.name].append((s, res[h]))
     if not dry:
         state.set_stage(StateStage.Execute)
-        names = {h.name: {m._hash: n for n, m in metas[h.name]} for h in hosts}
+        names = {h.name: {m._hash: st.name for st, m in metas[h.name]} for h in hosts}
         run_hosts(state, [h for h in hosts if metas[h.name]], names)
     out: dict[str, HostResult] = {}
     for h in hosts:
         ms = metas[h.name]
         if dry:
-            rows = [StepResult(n, "would change" if m.will_change else "no change") for n, m in ms]
+            rows = [
+                StepResult(st.name, "would change" if m.will_change else "no change", st.preview)
+                for st, m in ms
+            ]
             changing = any(r.outcome == "would change" for r in rows)
             outcome: Outcome = "would change" if changing else "no change"
             out[h.name] = HostResult(h.name, outcome, None if ms else nothing, steps=tuple(rows))
             continue
         rows = []
-        for n, m in ms:
+        for st, m in ms:
+            n = st.name
             if not m.is_complete():
                 rows.append(StepResult(n, "not run"))
             elif m.did_error():

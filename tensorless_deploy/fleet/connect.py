@@ -32,6 +32,7 @@ from tensorless_deploy.recipe.catalog import Entry
 
 CONNECT_TIMEOUT_S = 10  # the TCP connect alone (within the host's deadline for the session)
 CANNOT_CONNECT = "cannot connect"  # how every connection error's text starts
+UNREACHABLE = "unreachable"  # how a host's text starts that passed its deadline (Unreachable)
 T = TypeVar("T")
 # What on_each_host makes sure of before a host's job: "sudo": where the inventory asks for sudo,
 # that it works without a password (never a prompt); "root": besides, on a host without sudo,
@@ -59,7 +60,7 @@ def login_refusal(host: Any, need: AccessNeed) -> str | None:
     sudo = wants_sudo(host)
     if need == "checked" or (need == "sudo" and not sudo):
         return None
-    login = host.get_fact(HostLogin, sudo=sudo, _sudo=False)
+    login = HostLogin.typed(host.get_fact(HostLogin, sudo=sudo, _sudo=False))
     check = access_check(login.access, login.sudo)
     return None if check.status == "ok" else check_line(check)
 
@@ -128,13 +129,15 @@ def new_state(inventory: Any, flags: Flags | None = None, *, lock: str | None = 
 
 
 def _quiet_interrupt() -> None:
-    """Ctrl-C is one line: gevent's hub (or a greenlet of pyinfra's, or a push writer) would
-    print a KeyboardInterrupt it catches before passing it to the main greenlet, where the CLI
-    says "interrupted"; it still passes it on, now without the traceback."""
+    """Ctrl-C is one line: gevent's hub (or a greenlet of pyinfra's, or a push writer, or a
+    stream of logs) would print a KeyboardInterrupt it catches before passing it to the main
+    greenlet, where the CLI says "interrupted"; it still passes it on, now without the
+    traceback. So is a closed pipe, which ends every stream: the CLI stops quietly."""
     import gevent
 
     hub = gevent.get_hub()
-    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+    quiet = tuple(e for e in (KeyboardInterrupt, BrokenPipeError) if e not in hub.NOT_ERROR)
+    hub.NOT_ERROR = (*hub.NOT_ERROR, *quiet)
 
 
 def host_timeout(fleet: Fleet, host: Any) -> int:
@@ -145,7 +148,7 @@ def host_timeout(fleet: Fleet, host: Any) -> int:
 
 def _connect(state: Any, host: Any) -> str | None:
     import gevent
-    from pyinfra.api.exceptions import ConnectError
+    from pyinfra.api.exceptions import PyinfraError
 
     fleet = fleet_of(state)
     watch = fleet.watches.get(host.name)
@@ -161,14 +164,12 @@ def _connect(state: Any, host: Any) -> str | None:
     except gevent.Timeout:
         _close(host)
         watch.lost = Unreachable(
-            f"unreachable: no SSH session within {watch.deadline} s (connect; "
+            f"{UNREACHABLE}: no SSH session within {watch.deadline} s (connect; "
             f"--host-timeout or tensorless_host_timeout sets it)"
         )
         return watch.lost
-    except ConnectError as exc:
-        return f"{CANNOT_CONNECT}: {exc.args[0] if exc.args else exc}"
-    except OSError as exc:
-        return f"{CANNOT_CONNECT}: {exc}"
+    except (PyinfraError, OSError) as exc:  # ConnectError, and a missing key file
+        return connect_problem(exc, host)
     watch.greenlet = gevent.spawn(_keepalive, host, watch)
     return None
 
@@ -191,7 +192,7 @@ def _keepalive(host: Any, watch: Watch) -> None:
                 transport.global_request("keepalive@openssh.com", wait=True)
         except gevent.Timeout:
             watch.lost = Unreachable(
-                f"unreachable: no answer over SSH for {watch.deadline} s, during {watch.step} "
+                f"{UNREACHABLE}: no answer over SSH for {watch.deadline} s, during {watch.step} "
                 "(--host-timeout or tensorless_host_timeout sets the deadline)"
             )
             transport.close()
@@ -332,10 +333,8 @@ def survey_hosts(
     fleet_of(state).flags = flags  # the run's flags: each host's deadline among them
 
     def survey(host: Any) -> HostFacts | None:
-        facts: HostFacts | None = host.get_fact(
-            HostSurvey, models_dir=options[host.name].models_dir
-        )
-        return facts
+        plain = host.get_fact(HostSurvey, models_dir=options[host.name].models_dir)
+        return None if plain is None else HostSurvey.typed(plain)
 
     results = on_each_host(state, hosts, survey, keep_connected=keep_connected, step="the survey")
     results = with_engine_images(results, images)
@@ -477,3 +476,76 @@ def loopback(host: Any, bind: str, port: int) -> Callable[[], Any]:
         return transport.open_channel("direct-tcpip", (bind, port), ("127.0.0.1", 0), timeout=10)
 
     return channel
+
+
+def connect_problem(exc: BaseException, host: Any) -> str:
+    """An SSH failure as one line with its fix. pyinfra's ConnectError carries only text (a
+    fresh controller without ~/.ssh/known_hosts read "[Errno 2] No such file or directory"),
+    so the cause it was raised from is asked first, then the text."""
+    import errno
+    import os
+    import shlex
+    import socket
+
+    from paramiko.ssh_exception import AuthenticationException, NoValidConnectionsError
+
+    data = host.data
+    where = f"{data.get('ssh_hostname') or host.name}:{data.get('ssh_port') or 22}"
+    text = str(exc.args[0] if exc.args else exc)
+    cause = exc.__cause__ or exc.__context__ or exc
+    known = data.get("ssh_known_hosts_file")
+    if isinstance(cause, FileNotFoundError) and str(cause.filename).endswith("known_hosts"):
+        made = shlex.quote(str(cause.filename))
+        return (
+            f"cannot connect: no known_hosts file {cause.filename} (fix: create it, "
+            f"mkdir -p {shlex.quote(os.path.dirname(str(cause.filename)))} && touch {made}, "
+            "and pyinfra records each new host's key on first contact; or name another with "
+            "ssh_known_hosts_file in the inventory)"
+        )
+    if isinstance(cause, (NoValidConnectionsError, socket.timeout)):
+        codes = {getattr(e, "errno", None) for e in getattr(cause, "errors", {}).values()}
+        why = (
+            "connection refused: no sshd listens there"
+            if errno.ECONNREFUSED in codes
+            else "no route to the host"
+            if errno.EHOSTUNREACH in codes
+            else "no answer"
+        )
+        return (
+            f"cannot connect: nothing answers SSH at {where} ({why}) (fix: check that the host "
+            "is up and reachable from here, and its ssh_hostname and ssh_port in the inventory)"
+        )
+    if isinstance(cause, socket.gaierror):
+        return (
+            f"cannot connect: {data.get('ssh_hostname') or host.name} does not resolve "
+            "(fix: correct ssh_hostname in the inventory, or its DNS entry)"
+        )
+    if isinstance(cause, AuthenticationException):
+        user = data.get("ssh_user") or "the default user"
+        key = data.get("ssh_key") or "the agent's keys"
+        return (
+            f"cannot connect: {where} refused the login as {user} with {key} (fix: authorize "
+            "that key for that user on the host, e.g. ssh-copy-id, or correct ssh_user and "
+            "ssh_key in the inventory)"
+        )
+    if "No authentication methods available" in text:
+        return (
+            f"cannot connect: no SSH key to log in to {where} with (fix: set ssh_key in the "
+            "inventory, or load a key into the agent: ssh-add)"
+        )
+    if text.startswith("No such private key file"):
+        return f"cannot connect: {text} (fix: correct ssh_key in the inventory)"
+    if "does not match" in text:
+        return (
+            f"cannot connect: {where}: {text} (fix: if the host was reinstalled, remove the old "
+            f"key with ssh-keygen -R {data.get('ssh_hostname') or host.name}"
+            f"{' -f ' + shlex.quote(str(known)) if known else ''}; otherwise do not "
+            "connect: something may be in between)"
+        )
+    if "No host key for" in text:
+        return (
+            f"cannot connect: {where}: its key is not in known_hosts and host key checking is "
+            "strict (fix: check its fingerprint and record it: ssh to it once, or add it to "
+            "the ssh_known_hosts_file the inventory names)"
+        )
+    return f"cannot connect: {text}"

@@ -242,7 +242,27 @@ def _step_results(
         else:
             outcome = "changed" if meta.did_change() else "unchanged"
             out.append(StepResult(name, outcome, _meta_lines(meta), t))
-    return tuple(out)
+    return _restart_or_serving(tuple(out))
+
+
+def _restart_or_serving(steps: tuple[StepResult, ...]) -> tuple[StepResult, ...]:
+    """An instance's "restart" and "serving" are one wait for /health, taken one way or the
+    other: where the restart ran, its twin did not run at all, and "serving: unchanged" beside
+    a first deploy's restart would say the server was there before. The twin is left out."""
+    restarted = {
+        s.name.removeprefix("restart")
+        for s in steps
+        if s.name.startswith("restart") and s.outcome in ("changed", "failed")
+    }
+    return tuple(
+        s
+        for s in steps
+        if not (
+            s.name.startswith("serving")
+            and s.name.removeprefix("serving") in restarted
+            and s.outcome == "unchanged"
+        )
+    )
 
 
 def _op_timer(state: Any) -> dict[tuple[str, str], float]:
@@ -431,7 +451,7 @@ def read_back(state: Any, by_name: dict[str, Any], plans: dict[str, HostPlan]) -
     found = on_each_host(
         state,
         hosts,
-        lambda h: h.get_fact(DeployedUnits),
+        lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)),
         keep_connected=True,
         step="reading back what runs",
     )

@@ -204,7 +204,12 @@ def _choose(
     found = dict(
         zip(
             [h.name for h in live],
-            on_each_host(state, live, lambda h: h.get_fact(DeployedUnits), keep_connected=True),
+            on_each_host(
+                state,
+                live,
+                lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)),
+                keep_connected=True,
+            ),
             strict=True,
         )
     )

@@ -10,15 +10,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tensorless_deploy.decisions.options import DATA_GPUS, DATA_KEYS, Flags, Options, resolve
+from tensorless_deploy.decisions.options import DATA_GPUS, DATA_PREFIX, Flags, Options, resolve
 from tensorless_deploy.errors import InventoryError, UsageError
 from tensorless_deploy.hostplan.plan import SurveyedHost
 
 
 def host_data(host: Any) -> dict[str, object]:
-    """The tensorless_* keys of a host's inventory data (pyinfra's HostData)."""
+    """The tensorless_* keys of a host's inventory data (pyinfra's HostData, its groups' data
+    included): the tool's own and any mistyped one, which resolve refuses."""
     data = host.data
-    return {key: data.get(key) for key in DATA_KEYS} if data is not None else {}
+    if data is None:
+        return {}
+    return {k: v for k, v in data.dict().items() if k.startswith(DATA_PREFIX)}
 
 
 def options_for(host: Any, flags: Flags, *, local: bool = False) -> Options:
@@ -26,12 +29,13 @@ def options_for(host: Any, flags: Flags, *, local: bool = False) -> Options:
     return resolve(flags, host_data(host), host.name, local=local)
 
 
-def load_inventory(path: str | None, local: bool) -> Any:
+def load_inventory(path: str | None, local: bool, *, offers_local: bool = True) -> Any:
     """A pyinfra Inventory from a file (or host list), or this machine alone (@local).
 
     An inventory file is the operator's own Python: whatever it raises (sys.exit included) is
     reported as the inventory's problem, one line naming the file. Its groups are checked as
-    pyinfra would silently skip or misread them, and a host listed twice is refused. Exit codes:
+    pyinfra would silently skip or misread them, and a host listed twice is refused. A fix
+    offers --local only where the command has it (offers_local). Exit codes:
     a path that does not exist is a usage error (2); a file that exists but cannot be read or
     loaded is a refused input, like a broken recipe (1).
     """
@@ -39,11 +43,12 @@ def load_inventory(path: str | None, local: bool) -> Any:
 
     if local:
         return Inventory((["@local"], {}))
+    or_local = " or --local" if offers_local else ""
     if path is None:
-        raise UsageError("say which hosts: -i INVENTORY or --local")
+        raise UsageError(f"say which hosts: -i INVENTORY{or_local}")
     is_file = Path(path).exists()
     if not is_file and "," not in path and "@" not in path:
-        raise UsageError(f"{path}: no such inventory file", fix="pass -i FILE.py or --local")
+        raise UsageError(f"{path}: no such inventory file", fix=f"pass -i FILE.py{or_local}")
     if not is_file:
         problem = _names_problem(path, [("the host list", path.split(","), None)])
         if problem:

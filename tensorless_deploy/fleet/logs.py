@@ -11,19 +11,37 @@ from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.fleet.channel import host_command
 from tensorless_deploy.fleet.connect import disconnect, new_state
 from tensorless_deploy.fleet.status import model_units, read_units
+from tensorless_deploy.launch.read import unit_engine
 from tensorless_deploy.recipe.catalog import Catalog
 
 Line = Callable[[str, str, str], None]  # (host, unit, line)
 
 
-def journal_command(units: Sequence[str], lines: int, follow: bool) -> str:
-    """journalctl of the units, as a shell word list (wrap it with host_command for a host)."""
-    args = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines)]
-    for u in units:
-        args += ["-u", f"{u}.service"]
+def journal_command(unit: str, engine: str, lines: int, follow: bool) -> str:
+    """The server's own lines of one unit. podman (quadlet or plain unit): what conmon's journald
+    log driver wrote, each line tagged with CONTAINER_NAME (the unit's name); not podman's event
+    entries (container create, init, start, attach, each with every label), its container ID or
+    systemd's lines. docker (whose default log driver writes no journal): what reached the
+    unit's stdout from the attached `docker run`."""
+    args = [
+        "journalctl",
+        "--no-pager",
+        "-o",
+        "cat",
+        "-n",
+        str(lines),
+        f"_SYSTEMD_UNIT={unit}.service",
+    ]
+    args.append(f"CONTAINER_NAME={unit}" if engine == "podman" else "_TRANSPORT=stdout")
     if follow:
         args.append("-f")
     return shlex.join(args)
+
+
+def _line(host: str, unit: str, raw: bytes, emit: Line) -> None:
+    # llama-server's blank journal entries say nothing
+    if raw.strip():
+        emit(host, unit, raw.decode("utf-8", "replace").rstrip("\r"))
 
 
 def _stream(host: Any, command: str, unit: str, emit: Line) -> None:
@@ -41,10 +59,8 @@ def _stream(host: Any, command: str, unit: str, emit: Line) -> None:
             buf += chunk
             *whole, buf = buf.split(b"\n")
             for raw in whole:
-                if raw.strip():  # llama-server's blank journal entries say nothing
-                    emit(host.name, unit, raw.decode("utf-8", "replace").rstrip("\r"))
-        if buf.strip():
-            emit(host.name, unit, buf.decode("utf-8", "replace").rstrip("\r"))
+                _line(host.name, unit, raw, emit)
+        _line(host.name, unit, buf, emit)
         code = channel.recv_exit_status()
         if code != 0:
             said = channel.makefile_stderr("rb").read().decode("utf-8", "replace")
@@ -71,7 +87,7 @@ def logs(
     from pyinfra.api.command import StringCommand
 
     entries = catalog.find_or_none(model)
-    state = new_state(inventory, flags)
+    state = new_state(inventory, flags)  # Ctrl-C and a closed pipe: quiet (fleet.connect)
     found = read_units(state, hosts)
     errors: dict[str, str] = {}
     jobs = []
@@ -87,11 +103,21 @@ def logs(
                 continue
             for u in mine:  # one stream per unit, so every line names its instance
                 # the journal is root's: under sudo where the inventory asks for it
-                journal = StringCommand(journal_command([u.name], lines, follow))
-                cmd = host_command(state, h, journal)
+                journal = journal_command(u.name, unit_engine(u.path, u.text), lines, follow)
+                cmd = host_command(state, h, StringCommand(journal))
                 jobs.append((h.name, u.name, gevent.spawn(_stream, h, cmd, u.name, emit)))
-        gevent.joinall([j for _, _, j in jobs])
+        greenlets = [j for _, _, j in jobs]
+
+        def closed(job: Any) -> None:
+            if isinstance(job.exception, BrokenPipeError):  # the reader went away: all stop
+                gevent.killall([g for g in greenlets if g is not job], block=False)
+
+        for g in greenlets:
+            g.link_exception(closed)
+        gevent.joinall(greenlets)
         for host, unit, j in jobs:
+            if isinstance(j.exception, BrokenPipeError):
+                raise j.exception  # the CLI ends quietly, as a filter does
             if j.exception is not None:
                 errors[host] = f"{unit}: reading the journal failed: {j.exception}"
     finally:

@@ -91,8 +91,8 @@ def _read(
     dirs = {h.name: options_for(h, flags).models_dir for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
-        facts: HostFacts = h.get_fact(HostSurvey, models_dir=dirs[h.name])
-        return facts, h.get_fact(DeployedUnits)
+        facts = HostSurvey.typed(h.get_fact(HostSurvey, models_dir=dirs[h.name]))
+        return facts, DeployedUnits.typed(h.get_fact(DeployedUnits))
 
     return on_each_host(state, hosts, read, keep_connected=True)
 

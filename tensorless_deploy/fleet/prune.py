@@ -29,6 +29,15 @@ class Unused:
     images: tuple[str, ...]
     kept_blobs: tuple[str, ...]
     kept_images: tuple[str, ...]
+    # images the engine holds whose repository no unit and no recipe of the catalog names:
+    # never candidates (they may be the operator's own), and said so, not passed over in
+    # silence (an engine image left by `stop` of a model whose catalog is not this one)
+    other_images: tuple[str, ...] = ()
+
+
+# podman's own infra image, built on the host the first time a pod starts (kube play): never
+# an engine image, nor the operator's; naming it among the images left alone would be noise
+PODMAN_INFRA_REPOSITORY = "localhost/podman-pause"
 
 
 def _repository(image: str) -> str:
@@ -60,6 +69,11 @@ def unused(facts: HostFacts, units: Sequence[DeployedUnit], catalog: Catalog) ->
         images=tuple(i for i in ours if i not in images_in_use),
         kept_blobs=tuple(b.path for b in tool.blobs if b.path in blobs_in_use),
         kept_images=tuple(i for i in ours if i in images_in_use),
+        other_images=tuple(
+            i
+            for i in (tool.images or ())
+            if i not in ours and _repository(i) != PODMAN_INFRA_REPOSITORY
+        ),
     )
 
 
@@ -80,9 +94,9 @@ def prune(
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
-        facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
+        facts = HostSurvey.typed(h.get_fact(HostSurvey, models_dir=options[h.name].models_dir))
         require_root(facts)  # another user would see neither root's images nor remove a file
-        return facts, h.get_fact(DeployedUnits)
+        return facts, DeployedUnits.typed(h.get_fact(DeployedUnits))
 
     found = dict(
         zip(

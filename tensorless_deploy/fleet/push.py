@@ -272,7 +272,7 @@ def _needs(
         held = host_fact(
             state, host, ImagePresent, engine_bin=p.engine_bin, image=p.recipe.engine.image
         )
-        return (not blob.exists, not held)
+        return (not ModelBlob.typed(blob).exists, not held)
 
     read_back = (
         on_each_host(state, unknown, read, keep_connected=True, access="checked") if unknown else []
@@ -329,7 +329,7 @@ def push_report(
             if needs_model:
                 t0 = time.monotonic()
                 fetched = _on_controller(progress, "fetch model")
-                blob_path, _ = fetch_model(recipe, cache_dir(), token=token, progress=fetched)
+                blob_path = fetch_model(recipe, cache_dir(), token=token, progress=fetched).blob
                 report.seconds["fetch model"] = time.monotonic() - t0
                 targets = [
                     (n, _partial(group[n]), recipe.model.size_bytes, _lock(group[n]))

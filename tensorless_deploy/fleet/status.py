@@ -14,6 +14,7 @@ from tensorless_deploy.errors import UnknownModelError
 from tensorless_deploy.facts.values import LABEL_CARD, LABEL_MODEL, DeployedUnit, HostFacts
 from tensorless_deploy.fleet.connect import (
     CANNOT_CONNECT,
+    UNREACHABLE,
     AccessNeed,
     disconnect,
     new_state,
@@ -23,7 +24,13 @@ from tensorless_deploy.fleet.connect import (
 from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
-from tensorless_deploy.hostplan.status import UnitStatus, host_card_checks, unit_status
+from tensorless_deploy.hostplan.status import (
+    UnitStatus,
+    host_card_checks,
+    model_file,
+    rollback_preview,
+    unit_status,
+)
 from tensorless_deploy.hostplan.targets import Job, Skipped
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import (
@@ -31,7 +38,7 @@ from tensorless_deploy.launch.spec import (
     secrets_dir,
     unit_model_slug,
 )
-from tensorless_deploy.recipe.catalog import Catalog, Entry, slug, unit_name
+from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths, slug, unit_name
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,9 @@ class HostStatus:
         read: not root, facts unreadable), nothing deployed (read: no unit of this tool), or
         deployed (its units say the rest)."""
         if self.error is not None:
-            return "unreachable" if self.error.startswith(CANNOT_CONNECT) else "unreadable"
+            # no SSH session, or one that passed its deadline (fleet.connect.Unreachable)
+            gone = self.error.startswith((CANNOT_CONNECT, UNREACHABLE))
+            return "unreachable" if gone else "unreadable"
         return "deployed" if self.units else "nothing deployed"
 
 
@@ -88,11 +97,12 @@ def fleet_status(
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
 
     def read(h: Any) -> tuple[HostFacts, tuple[DeployedUnit, ...]]:
-        facts = h.get_fact(HostSurvey, models_dir=options[h.name].models_dir)
+        facts = HostSurvey.typed(h.get_fact(HostSurvey, models_dir=options[h.name].models_dir))
         # as another user the containers (and the keys of /metrics) cannot be read: the host
         # is not readable, rather than drifted
         require_root(facts)
-        return facts, h.get_fact(DeployedUnits, secrets_root=SECRETS_DIR)
+        units = DeployedUnits.typed(h.get_fact(DeployedUnits, secrets_root=SECRETS_DIR))
+        return facts, units
 
     results = on_each_host(state, hosts, read)
     out = []
@@ -163,7 +173,7 @@ def read_units(
     found = on_each_host(
         state,
         hosts,
-        lambda h: h.get_fact(DeployedUnits),
+        lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)),
         keep_connected=True,
         access=access,
         step="its units",
@@ -239,12 +249,17 @@ def stop(
                 f"remove {u.name}",
                 removed,
                 dict(service=u.name, paths=unit_paths(u.name), secrets=secrets_dir(u.name)),
+                preview=()
+                if purge or (f := model_file(u)) is None
+                else (f"would keep the model file {f} (--purge removes it)",),
             )
             for u in mine
         ]
         if purge:
             for e in entries:
                 m = e.recipe.model
+                models_dir = options[h.name].models_dir
+                blob = model_paths(models_dir, e.recipe).blob
                 todo.append(
                     Step(
                         f"purge {m.file}",
@@ -252,12 +267,13 @@ def stop(
                         dict(
                             service=unit_name(e.recipe),
                             paths=unit_paths(unit_name(e.recipe)),
-                            models_dir=options[h.name].models_dir,
+                            models_dir=models_dir,
                             repo=m.hf_repo,
                             revision=m.revision,
                             filename=m.file,
                             sha256=m.sha256,
                         ),
+                        preview=(f"would remove the model file {blob}",),
                     )
                 )
         steps[h.name] = todo
@@ -312,6 +328,7 @@ def rollback(
                 f"rollback {u.name}",
                 rolled_back,
                 dict(path=u.path, timeout_s=start_timeout(u.previous_text)),
+                preview=rollback_preview(u),
             )
             for u in mine
         ]

@@ -26,8 +26,12 @@ class HostReport:
 
 
 def _ready(p: HostPlan) -> bool:
-    """Readiness has no instances to lay out; a model's plan must have them."""
-    return p.verdict.ok and p.problem is None and (p.model is None or bool(p.instances))
+    """Readiness has no instances to lay out, but a recipe of the catalog must fit the host
+    (else it is ready for nothing: "ready" beside "no recipe fits" would say otherwise); a
+    model's plan must have its instances."""
+    if p.model is None:
+        return p.verdict.ok and p.problem is None and bool(p.verdict.servable)
+    return p.verdict.ok and p.problem is None and bool(p.instances)
 
 
 def host_report(

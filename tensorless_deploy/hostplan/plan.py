@@ -381,6 +381,7 @@ def plan_host(
             heal=heal,
             secrets_root=secrets_root,
             device=expected_device(recipe.engine.arch, gpus),
+            cors_origins=options.cors_origins,
         )
         unit: UnitFile | None = None
         if units:

@@ -320,3 +320,32 @@ def exit_code(
     if any(u.drift for u in units):
         return EXIT_DRIFT
     return EXIT_OK
+
+
+def _label(content_labels: Sequence[str], key: str) -> str | None:
+    for kv in content_labels:
+        k, _, v = kv.partition("=")
+        if k == key:
+            return v
+    return None
+
+
+def rollback_preview(u: DeployedUnit) -> tuple[str, ...]:
+    """What `rollback --dry-run` says a unit would go back to: the kept unit's recipe, and
+    field by field how it differs from what runs now (pure)."""
+    if not u.previous_text:
+        return ()
+    now, then = read_unit(u.path, u.text), read_unit(u.path, u.previous_text)
+    digest = _label(then.values("label"), LABEL_RECIPE_DIGEST) or "unknown"
+    current = _label(now.values("label"), LABEL_RECIPE_DIGEST) or "unknown"
+    same = "the same recipe" if digest == current else f"now {current[:19]}"
+    lines = [f"would go back to the unit kept from before: recipe {digest[:19]} ({same})"]
+    changes = drift(now, then, u.text, u.previous_text)
+    lines += [f"{d.field}: {d.deployed} -> {d.wanted}" for d in changes]
+    return tuple(lines)
+
+
+def model_file(u: DeployedUnit) -> str | None:
+    """The model file on the host a unit mounts (what `stop --purge` would remove)."""
+    volumes = read_unit(u.path, u.text).volumes(secrets=False)
+    return volumes[0].split(":", 1)[0] if volumes else None

@@ -172,13 +172,22 @@ def run_flags(options: tuple[Option, ...]) -> list[str]:
     return out
 
 
+# A plain unit's `podman run` stays in the foreground for systemd, yet lets conmon's journald
+# log driver carry the server's lines alone: attached to stdout too (podman 4.3 as Debian 12
+# ships it), every line reached the journal twice (docs/field-notes.md). docker's default log
+# driver writes no journal, so its attached client stays the one copy.
+UNIT_JOURNAL_WORDS = ("--log-driver", "journald", "--attach", "stdin")
+
+
 def run_argv(spec: LaunchSpec, engine_bin: str, *, health: bool) -> list[str]:
     """The whole `ENGINE run` command line: the plain unit's ExecStart (health=True) and the
     foreground run (health=False)."""
+    journal = UNIT_JOURNAL_WORDS if health and spec.engine == "podman" else ()
     return [
         engine_bin,
         "run",
         "--rm",
+        *journal,
         "--pull=never",
         *run_flags(container_options(spec, health=health)),
         spec.image,

@@ -37,7 +37,7 @@ from tensorless_deploy.facts.values import (
     LABEL_RECIPE_DIGEST,
     LABEL_TUNED,
 )
-from tensorless_deploy.launch.container import Option, container_options
+from tensorless_deploy.launch.container import Option, container_options, health_command
 from tensorless_deploy.launch.spec import (
     HEALTH_STARTUP_INTERVAL_S,
     LaunchSpec,
@@ -87,7 +87,15 @@ OPERATOR_SECRETS = {
     "tls.crt": ("tensorless-tls", "tls.crt"),
     "tls.key": ("tensorless-tls", "tls.key"),
 }
+# podman kube play maps a CDI device named in resources.limits from podman 5.4 (PR #25010)
+KUBE_PLAY_MIN_PODMAN = (5, 4)
 SECRET_MODE = 0o440  # readable by the engine's group only, as the units install them
+# podman kube play writes a Secret's files root:root with defaultMode and ignores fsGroup
+# (docs/field-notes.md): 0440 leaves llama-server (uid 10001) unable to read its key, so it
+# exits in a loop. The mode bits are all the Secret allows: readable by every user of the
+# container, whose only process is the server; on the host the files sit in podman's
+# root-only volume directory (/var/lib/containers/storage/volumes/SECRET, under a 0700 folder).
+PODMAN_SECRET_MODE = 0o444
 INIT_CONTAINER = "model-download"  # the operations script it runs
 PORT_NAME = "http"
 
@@ -261,14 +269,26 @@ def _apply(c: _Container, o: Option) -> None:
             _never(o.kind)
 
 
-def _probe(spec: LaunchSpec, period: int, timeout: int, failures: int) -> dict[str, Json]:
+def _probe(
+    spec: LaunchSpec, period: int, timeout: int, failures: int, target: Target
+) -> dict[str, Json]:
+    """The kubelet's httpGet (it skips certificate checks for HTTPS); for podman, which runs a
+    probe as `curl -f SCHEME://localhost:PORT/health` in the container (no -k: a TLS server's
+    probe failed, and the container was restarted), the units' own health command."""
     url = urlsplit(spec.health_url)
+    how: dict[str, Json]
+    if target == "podman-kube":
+        how = {"exec": {"command": list(health_command(spec))}}
+    else:
+        how = {
+            "httpGet": {
+                "path": url.path or "/",
+                "port": url.port or spec.port,
+                "scheme": url.scheme.upper(),
+            }
+        }
     return {
-        "httpGet": {
-            "path": url.path or "/",
-            "port": url.port or spec.port,
-            "scheme": url.scheme.upper(),
-        },
+        **how,
         "periodSeconds": period,
         "timeoutSeconds": timeout,
         "successThreshold": 1,
@@ -375,7 +395,15 @@ def _deployment(
         volume = dns_label(f"{name}-{secret}")
         if all(v["name"] != volume for v in volumes):
             volumes.append(
-                {"name": volume, "secret": {"secretName": secret, "defaultMode": SECRET_MODE}}
+                {
+                    "name": volume,
+                    "secret": {
+                        "secretName": secret,
+                        "defaultMode": PODMAN_SECRET_MODE
+                        if target == "podman-kube"
+                        else SECRET_MODE,
+                    },
+                }
             )
         mounts.append({"name": volume, "mountPath": dst, "subPath": key, "readOnly": True})
     for i, path in enumerate(c.tmpfs):
@@ -405,10 +433,12 @@ def _deployment(
         },
         "volumeMounts": mounts,
         "securityContext": security,
-        "startupProbe": _probe(spec, HEALTH_STARTUP_INTERVAL_S, c.timeout, startup_failures),
-        "livenessProbe": _probe(spec, c.interval, c.timeout, c.retries),
+        "startupProbe": _probe(
+            spec, HEALTH_STARTUP_INTERVAL_S, c.timeout, startup_failures, target
+        ),
+        "livenessProbe": _probe(spec, c.interval, c.timeout, c.retries, target),
         # out of the Service at the first failed check; restarted after `retries` of them
-        "readinessProbe": _probe(spec, c.interval, c.timeout, 1),
+        "readinessProbe": _probe(spec, c.interval, c.timeout, 1, target),
     }
     init_container = {
         "name": INIT_CONTAINER,

@@ -4,28 +4,22 @@ field by field how a deployed unit differs from the one the catalog's recipe ren
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from dataclasses import dataclass
 
 from tensorless_deploy.launch.container import FORMATS, Kind
+from tensorless_deploy.launch.spec import SECRET_MOUNT_DIR
 
 # The llama-server flags the launcher sets itself, by what they decide (launch.spec)
 ADDRESS_FLAGS = ("--host", "--port")
 CONTEXT_FLAGS = ("-c",)
 MODEL_FLAGS = ("-m",)
-OWNED_WITH_VALUE = (
-    "-m",
-    "--host",
-    "--port",
-    "-c",
-    "--alias",
-    "-t",
-    "-tb",
-    "--api-key-file",
-    "--ssl-cert-file",
-    "--ssl-key-file",
-)
-OWNED_SWITCHES = ("--metrics",)  # an operator's switch (tensorless_metrics), not the recipe's
+# Who may call the API (the operator's access options): status reports them as "access"
+ACCESS_WITH_VALUE = ("--api-key-file", "--ssl-cert-file", "--ssl-key-file", "--cors-origins")
+ACCESS_SWITCHES = ("--metrics",)  # an operator's switch (tensorless_metrics), not the recipe's
+OWNED_WITH_VALUE = ("-m", "--host", "--port", "-c", "--alias", "-t", "-tb", *ACCESS_WITH_VALUE)
+OWNED_SWITCHES = ACCESS_SWITCHES
 
 
 @dataclass(frozen=True)
@@ -47,6 +41,17 @@ class UnitContent:
             if arg == name:
                 found = args[i + 1]
         return found
+
+    def access(self) -> tuple[str, ...]:
+        """The access arguments llama-server gets: key file, TLS files, CORS, --metrics."""
+        out = [f"{f} {v}" for f in ACCESS_WITH_VALUE if (v := self.flag(f)) is not None]
+        return (*out, *(f for f in ACCESS_SWITCHES if f in self.server_args))
+
+    def volumes(self, secrets: bool) -> tuple[str, ...]:
+        """The model's mount (secrets=False), or the operator's secret files' (True): what the
+        container sees under SECRET_MOUNT_DIR."""
+        inside = SECRET_MOUNT_DIR.rstrip("/") + "/"
+        return tuple(v for v in self.values("volume") if (f":{inside}" in v) == secrets)
 
     def recipe_args(self) -> tuple[str, ...]:
         """The argv without the flags the launcher owns: the recipe's args and extra args."""
@@ -125,6 +130,17 @@ def read_service(text: str) -> UnitContent:
     return UnitContent(image, tuple(opts), tuple(words[at + 1 :]))
 
 
+def unit_engine(path: str, text: str) -> str:
+    """Which engine a unit runs: podman for a quadlet, else the binary its ExecStart names."""
+    if path.endswith(".container"):
+        return "podman"
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            words = _words(line.removeprefix("ExecStart="))
+            return posixpath.basename(words[0]) if words else "podman"
+    return "podman"
+
+
 def read_unit(path: str, text: str) -> UnitContent:
     return read_quadlet(text) if path.endswith(".container") else read_service(text)
 
@@ -133,7 +149,7 @@ def read_unit(path: str, text: str) -> UnitContent:
 class FieldDrift:
     """One way a deployed unit differs from what the recipe renders now."""
 
-    field: str  # image, model, context, args, env, card, address, unit
+    field: str  # image, model, secrets, access, context, args, env, card, address, unit
     deployed: str
     wanted: str
 
@@ -155,7 +171,9 @@ def drift(deployed: UnitContent, wanted: UnitContent, deployed_text: str, wanted
             out.append(FieldDrift(name, _show(a), _show(b)))
 
     cmp("image", deployed.image, wanted.image)
-    cmp("model", deployed.values("volume"), wanted.values("volume"))
+    cmp("model", deployed.volumes(secrets=False), wanted.volumes(secrets=False))
+    cmp("secrets", deployed.volumes(secrets=True), wanted.volumes(secrets=True))
+    cmp("access", deployed.access(), wanted.access())
     cmp("context", deployed.flag("-c"), wanted.flag("-c"))
     cmp("args", deployed.recipe_args(), wanted.recipe_args())
     cmp("env", tuple(sorted(deployed.values("env"))), tuple(sorted(wanted.values("env"))))

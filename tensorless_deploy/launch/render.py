@@ -194,7 +194,7 @@ def _service_keys(restart_backoff: bool) -> dict[str, object]:
 def render_quadlet(
     spec: LaunchSpec, *, digest: str, notify_healthy: bool, restart_backoff: bool = False
 ) -> UnitFile:
-    """A rootful quadlet .container (podman >= 4.4); Notify=healthy from podman 5.
+    """A rootful quadlet .container (podman >= 4.7, QUADLET_MIN_PODMAN); Notify=healthy from 5.
     restart_backoff: the host's systemd has RestartSteps= (spec.RESTART_STEPS_MIN_SYSTEMD)."""
     _check_spec(spec)
     if spec.engine != "podman":

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 from tensorless_deploy.decisions.checks import EngineName, Tuning, threads_for, tuning
 from tensorless_deploy.decisions.device import CUDA_DEVICE, expected_device
-from tensorless_deploy.decisions.options import DEFAULT_PIDS_LIMIT, address, reach_host
+from tensorless_deploy.decisions.options import (
+    CORS_LOOPBACK,
+    DEFAULT_PIDS_LIMIT,
+    address,
+    reach_host,
+)
 from tensorless_deploy.facts.values import (
     LABEL_BIND,
     LABEL_CARD,
@@ -205,6 +210,7 @@ def build_launch_spec(
     heal: bool = True,
     secrets_root: str = SECRETS_DIR,
     device: str | None = None,
+    cors_origins: str = CORS_LOOPBACK,
 ) -> LaunchSpec:
     """The one way a recipe becomes a container, for deploy, serve and run alike. api_key and
     tls say that the operator's key file / certificate pair is installed for this unit (under
@@ -229,6 +235,7 @@ def build_launch_spec(
         operator_args += ["--ssl-key-file", mounts[TLS_KEY_NAME]]
     if metrics:
         operator_args.append("--metrics")
+    operator_args += ["--cors-origins", cors_origins]  # never llama-server's own default, *
     base = posixpath.basename(recipe.model.file)
     # The mount point appears raw in a quadlet Volume=: keep it to plain characters.
     mount = posixpath.join(MODEL_MOUNT_DIR, base if _PLAIN.fullmatch(base) else "model.gguf")

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.hub import CachePaths, resolve_url
@@ -47,12 +47,20 @@ def model_is_verified(paths: CachePaths) -> bool:
 
 
 def _link(paths: CachePaths) -> None:
+    """The snapshot link to the blob, and the ref that keeps the pinned revision referenced
+    (huggingface_hub's ``hf cache prune`` removes a revision no ref names)."""
     snap = Path(paths.snapshot)
     snap.parent.mkdir(parents=True, exist_ok=True)
     tmp = snap.with_name(f".{snap.name}.tensorless-link")
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(paths.link_target)
     os.replace(tmp, snap)
+    ref = Path(paths.ref)
+    if not ref.is_file() or ref.read_text().strip() != paths.revision:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(f".{ref.name}.tmp")
+        tmp.write_text(paths.revision)  # as huggingface_hub writes a ref: the commit, no newline
+        os.replace(tmp, ref)
 
 
 def _write_stamp(paths: CachePaths) -> None:
@@ -64,6 +72,18 @@ def _write_stamp(paths: CachePaths) -> None:
 
 
 Progress = Callable[[int, int], None]  # (bytes so far, total)
+How = Literal["downloaded", "hashed", "verified earlier"]
+
+
+class Fetched(NamedTuple):
+    """The model in the cache: where, the bytes downloaded now, and how its sha256 was known:
+    hashed as they arrived, hashed now (a file found there unstamped), or verified earlier."""
+
+    blob: Path
+    downloaded: int
+    how: How
+
+
 Token = Callable[[], "str | None"]
 
 
@@ -81,18 +101,19 @@ def fetch_model(
     *,
     token: str | Token | None = None,
     progress: Progress | None = None,
-) -> tuple[Path, int]:
+) -> Fetched:
     """The recipe's GGUF in cache_dir (Hub layout), resumable, hashed while the bytes arrive and
     verified before it is renamed into place; never a byte written past size_bytes (a server
-    that announces or sends more is refused). Returns the blob and the bytes downloaded now;
-    a file verified earlier (same size and mtime) is neither downloaded nor hashed again.
+    that announces or sends more is refused). Returns the blob, the bytes downloaded now and
+    how it was verified; a file verified earlier (same size and mtime) is neither downloaded
+    nor hashed again.
     token: the Hub token, or a function that finds it, called only when a download starts."""
     m = recipe.model
     paths = model_paths(cache_dir, recipe)
     blob, partial = Path(paths.blob), Path(paths.partial)
     if model_is_verified(paths):
         _link(paths)
-        return blob, 0
+        return Fetched(blob, 0, "verified earlier")
     blob.parent.mkdir(parents=True, exist_ok=True)
     if blob.is_file():  # present but not verified by us: verify it, never trust it
         h = hashlib.sha256()
@@ -102,7 +123,7 @@ def fetch_model(
         else:
             _write_stamp(paths)
             _link(paths)
-            return blob, 0
+            return Fetched(blob, 0, "hashed")
     h = hashlib.sha256()
     have = partial.stat().st_size if partial.is_file() else 0
     if have > m.size_bytes:
@@ -167,4 +188,4 @@ def fetch_model(
     os.replace(partial, blob)
     _write_stamp(paths)
     _link(paths)
-    return blob, fetched
+    return Fetched(blob, fetched, "downloaded")

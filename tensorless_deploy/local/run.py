@@ -12,6 +12,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -48,10 +49,13 @@ def image_present(engine: str, image: str) -> bool:
 
 
 def pull_image(engine: str, image: str) -> bool:
-    """Pull by digest (the engine prints its own progress); False when it was already here."""
+    """Pull by digest (the engine prints its own progress); False when it was already here.
+    Everything the engine prints goes to stderr: podman ends a pull with the image ID on
+    stdout, which would land ahead of a command's --json."""
     if image_present(engine, image):
         return False
-    proc = subprocess.run([engine, "pull", image], timeout=3600)
+    sys.stderr.flush()
+    proc = subprocess.run([engine, "pull", image], stdout=2, timeout=3600)  # fd 2: stderr
     if proc.returncode != 0:
         raise LocalError(
             f"{engine} pull {image} failed (exit {proc.returncode})",

@@ -18,10 +18,9 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
 from pyinfra.operations.util import any_changed
 
-from tensorless_deploy.decisions.options import DATA_KEYS, Flags, resolve
+from tensorless_deploy.decisions.options import DATA_PREFIX, Flags, resolve
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.pyinfra import HostSurvey
-from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.gguf.sizing import read_sizings
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host, secret_sources
 from tensorless_deploy.launch.spec import secrets_dir
@@ -140,7 +139,8 @@ def serve_plan(
 
 
 def _host_data() -> dict[str, object]:
-    return {key: host.data.get(key) for key in DATA_KEYS}
+    """The host's tensorless_* data, a mistyped key included (resolve refuses it)."""
+    return {k: v for k, v in host.data.dict().items() if k.startswith(DATA_PREFIX)}
 
 
 @deploy("tensorless-deploy: serve a model")
@@ -202,7 +202,7 @@ def serve(
             offered=frozenset(("port", "bind", "context", "models_dir", "engine")),
         )
         options = resolve(flags, _host_data(), host.name)
-        facts: HostFacts = host.get_fact(HostSurvey, models_dir=options.models_dir)
+        facts = HostSurvey.typed(host.get_fact(HostSurvey, models_dir=options.models_dir))
         sizing = read_sizings([(e.path, e.recipe) for e in entries])
         plan = plan_host(host.name, facts, entries, options, sizing=sizing)
     except TensorlessError as exc:

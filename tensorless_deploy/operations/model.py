@@ -71,7 +71,9 @@ def model(
         )
     """
     paths = cache_paths(models_dir, host_state_dir(models_dir), repo, revision, filename, sha256)
-    state = host.get_fact(ModelBlob, blob=paths.blob, stamp=paths.stamp, snapshot=paths.snapshot)
+    state = ModelBlob.typed(
+        host.get_fact(ModelBlob, blob=paths.blob, stamp=paths.stamp, snapshot=paths.snapshot)
+    )
     where = dict(
         blob=paths.blob, stamp=paths.stamp, snapshot=paths.snapshot, target=paths.link_target
     )

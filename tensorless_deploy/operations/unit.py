@@ -185,7 +185,9 @@ def removed(
             models_dir, host_state_dir(models_dir), repo, revision, filename, sha256
         )
     blob = (
-        host.get_fact(ModelBlob, blob=model.blob, stamp=model.stamp, snapshot=model.snapshot)
+        ModelBlob.typed(
+            host.get_fact(ModelBlob, blob=model.blob, stamp=model.stamp, snapshot=model.snapshot)
+        )
         if model
         else None
     )

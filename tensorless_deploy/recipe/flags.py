@@ -53,6 +53,14 @@ OWNED: tuple[ServerFlag, ...] = (
         ("LLAMA_ARG_LOG_VERBOSITY",),
         "at 4, so the start log says which device the model went to (the deploy checks it)",
     ),
+    # llama-server's own default is * with credentials: any web page in a browser on a machine
+    # that reaches a keyless server could drive it (docs/security.md)
+    ServerFlag(
+        ("--cors-origins",),
+        ("LLAMA_ARG_CORS_ORIGINS",),
+        "from the operator's browser origins (default: loopback origins only)",
+        "cors_origins",
+    ),
 )
 OWNED_ENV: Mapping[str, str] = {"OMP_NUM_THREADS": "from [run] threads_max"}
 
@@ -268,7 +276,6 @@ ALLOWED: Mapping[str, str] = {
     "--mmproj-offload": "where a projector runs; none can be loaded",
     "--mmproj-device": "where a projector runs; none can be loaded",
     "--lora-init-without-apply": "only acts on adapters, and --lora is refused",
-    "--cors-origins": "which browser origins may call the API; no file or tool",
     "--ui": "the Web UI is built into the binary and calls the same API",
     "--slots": "the slots monitor endpoint (default on); opens no file or tool",
 }

@@ -15,6 +15,14 @@ from tests.hosts.harness import Host, host_set
 from tests.recipe_tools import write_recipe
 
 TINY_REPO = "tensorless-test/tiny-llama-GGUF"
+TINY_FILE = "tiny-llama.gguf"
+# the pinned commit the test Hub serves the tiny GGUF at, and its model card; here (not in the
+# pytest plugin) so that the playground and the demo need nothing but the tool's own packages
+TINY_COMMIT = "7c1d0f3a9e2b4d6c8a1f3e5b7d9c0a2e4f6b8d01"
+TINY_README = (
+    b"---\nlicense: apache-2.0\ntags: [gguf, test]\n---\n"
+    b"# tiny-llama-GGUF\n\nA 2-layer random-weight llama GGUF for tensorless-deploy tests.\n"
+)
 # on the set's bridge (TL_SET; hosts.json "unreachable"), never assigned: connections time out
 UNREACHABLE_IP = host_set().unreachable
 

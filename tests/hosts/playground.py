@@ -33,7 +33,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.hosts.fleet import TINY_REPO, tiny_recipe, write_catalog, write_inventory
+from tests.hosts.fleet import (
+    TINY_COMMIT,
+    TINY_README,
+    TINY_REPO,
+    tiny_recipe,
+    write_catalog,
+    write_inventory,
+)
 from tests.hosts.harness import (
     Host,
     apply_profile,
@@ -42,7 +49,6 @@ from tests.hosts.harness import (
     load_hosts_json,
     reset_host,
 )
-from tests.hosts.plugin import TINY_COMMIT, TINY_README
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = ("gpu1", "gpu2", "legacy1")  # + ghost: the fleet of docs/doctor.md

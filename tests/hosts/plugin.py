@@ -44,6 +44,7 @@ from typing import Any
 
 import pytest
 
+from tests.hosts.fleet import TINY_COMMIT, TINY_FILE, TINY_README, TINY_REPO
 from tests.hosts.harness import (
     PERSIST_HOST,
     QUADLET_SUFFIX,
@@ -60,15 +61,18 @@ from tests.hosts.harness import (
 )
 from tests.hosts.hf_server import HFServer
 
-__all__ = ["QUADLET_SUFFIX", "RESET_DIRS", "HostRef", "SshRunner", "TinyGguf", "reset_host_state"]
-
-TINY_REPO = "tensorless-test/tiny-llama-GGUF"
-TINY_FILE = "tiny-llama.gguf"
-TINY_COMMIT = "7c1d0f3a9e2b4d6c8a1f3e5b7d9c0a2e4f6b8d01"
-TINY_README = (
-    b"---\nlicense: apache-2.0\ntags: [gguf, test]\n---\n"
-    b"# tiny-llama-GGUF\n\nA 2-layer random-weight llama GGUF for tensorless-deploy tests.\n"
-)
+__all__ = [
+    "QUADLET_SUFFIX",
+    "RESET_DIRS",
+    "TINY_COMMIT",
+    "TINY_FILE",
+    "TINY_README",
+    "TINY_REPO",
+    "HostRef",
+    "SshRunner",
+    "TinyGguf",
+    "reset_host_state",
+]
 
 
 @dataclass(frozen=True)
