@@ -199,3 +199,20 @@ def test_extra_args_through_the_options_resolver_are_a_usage_error() -> None:
     assert info.value.exit_code == 2
     assert "use --host (before the --) instead" in info.value.message
     assert check_flags(Flags(extra_args=("-fa", "on"))).extra_args == ("-fa", "on")
+
+
+def test_metrics_is_the_launchers_so_no_unit_serves_what_its_label_denies() -> None:
+    """`export pn3 --format podman-kube -- --metrics` once gave llama-server /metrics while the
+    pod's label said metrics "false": --metrics (and its environment twin) are the launcher's,
+    set from tensorless_metrics / --metrics, refused in a recipe and after --."""
+    from tensorless_deploy.recipe.flags import arg_problem, env_problem
+    from tests.hosts.fleet import cli
+
+    proc = cli("export", "pn3", "--format", "podman-kube", "--", "--metrics")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert "the launcher sets --metrics itself; use --metrics (before the --)" in proc.stderr
+    assert "launcher sets" in (arg_problem("--metrics") or "")
+    assert "launcher sets" in (env_problem("LLAMA_ARG_ENDPOINT_METRICS") or "")
+    proc = cli("export", "pn3", "--format", "podman-kube", "--metrics")
+    assert proc.returncode == 0 and 'io.tensorless.metrics: "true"' in proc.stdout, proc.stderr
+    assert proc.stdout.count("--metrics") == 1  # the launcher's one, labelled as such

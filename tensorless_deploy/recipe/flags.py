@@ -61,6 +61,13 @@ OWNED: tuple[ServerFlag, ...] = (
         "from the operator's browser origins (default: loopback origins only)",
         "cors_origins",
     ),
+    # a second --metrics would serve /metrics while the unit's label says metrics: "false"
+    ServerFlag(
+        ("--metrics",),
+        ("LLAMA_ARG_ENDPOINT_METRICS",),
+        "from the operator's metrics switch (tensorless_metrics)",
+        "metrics",
+    ),
 )
 OWNED_ENV: Mapping[str, str] = {"OMP_NUM_THREADS": "from [run] threads_max"}
 
