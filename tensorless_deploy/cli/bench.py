@@ -12,7 +12,10 @@ from tensorless_deploy.cli.output import emit_json, paint
 from tensorless_deploy.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tensorless_deploy.cli import Command
+    from tensorless_deploy.facts.values import DeployedUnit
     from tensorless_deploy.local.bench import Connect, Summary
     from tensorless_deploy.recipe.catalog import Entry
 
@@ -116,13 +119,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     if entry is None:
         raise UsageError(f"{args.model}: no recipe for card {args.card!r}")
-    targets: list[tuple[str, Connect, bool | None, Any]] = []
+    targets: list[Target] = []
     cleanup: list[Any] = []
     results: list[dict[str, Any]] = []
     failed: list[str] = []
     try:
         if args.inventory:
-            targets = inventory_targets(args, entry, cleanup, failed)
+            # each unit judged by the recipe of its own card (--card: only that card's units)
+            targets = inventory_targets(args, entries, cleanup, failed)
         else:
             host, port, secure = (
                 _target_url(args.url) if args.url else ("127.0.0.1", args.port, False)
@@ -133,8 +137,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise UsageError(f"--cacert {args.cacert}: {exc.strerror or exc}") from None
             scheme = "https" if secure else "http"
-            targets = [(f"{scheme}://{host}:{port}", tcp(host, port, tls=tls), None, key)]
-        for name, connect, tuned, key in targets:
+            where = f"{scheme}://{host}:{port}"
+            targets = [(where, tcp(host, port, tls=tls), None, key, entry)]
+        for name, connect, tuned, key, entry in targets:
             try:
                 summary = summarise(measure(connect, args.runs, api_key=key))
             except BenchError as exc:
@@ -169,20 +174,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(c["meets"] for r in results for c in r["comparisons"]) else 1
 
 
-Target = tuple[str, "Connect", "bool | None", Any]
+# what to measure: its name, how to reach it, its tuned label, the API key, the recipe to judge by
+Target = tuple[str, "Connect", "bool | None", Any, "Entry"]
 
 
 def inventory_targets(
-    args: argparse.Namespace, entry: Entry, cleanup: list[Any], failed: list[str]
+    args: argparse.Namespace, entries: Sequence[Entry], cleanup: list[Any], failed: list[str]
 ) -> list[Target]:
-    """One target per host serving the recipe, each through an SSH direct-tcpip channel to the
-    host's own 127.0.0.1 (or its bind address): the API never has to listen on the network."""
+    """One target per unit of the model on each host (with --card, of that card), each judged
+    by the recipe of the card its labels name (fleet.status.unit_recipe; a unit of a card the
+    catalog has no recipe for is refused, not compared), each reached through an SSH
+    direct-tcpip channel to the host's own 127.0.0.1 (or its bind address): the API never has
+    to listen on the network."""
     from tensorless_deploy.decisions.options import DEFAULT_BIND, Flags, address, reach_host
     from tensorless_deploy.facts.pyinfra import DeployedUnits
     from tensorless_deploy.facts.values import LABEL_BIND, LABEL_PORT, LABEL_TUNED
     from tensorless_deploy.fleet.connect import disconnect, loopback, new_state, on_each_host
     from tensorless_deploy.fleet.inventory import load_inventory, options_for, select_hosts
-    from tensorless_deploy.fleet.status import model_units
+    from tensorless_deploy.fleet.status import model_units, unit_recipe
     from tensorless_deploy.launch.spec import LABEL_TLS
     from tensorless_deploy.local.bench import over_channel, tls_context
     from tensorless_deploy.recipe.catalog import unit_name
@@ -194,8 +203,9 @@ def inventory_targets(
         state, hosts, lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)), keep_connected=True
     )
     cleanup.append(lambda: disconnect(hosts))
-    want = unit_name(entry.recipe)
-    targets = []
+    chosen = [e for e in entries if not args.card or e.recipe.card.id == args.card]
+    want = " or ".join(unit_name(e.recipe) for e in chosen)
+    targets: list[Target] = []
     for host, units in zip(hosts, found, strict=True):
         if isinstance(units, str):
             failed.append(f"{host.name}: {units}")
@@ -203,11 +213,18 @@ def inventory_targets(
         # the key the host was given (tensorless_api_key_file), read here, sent by this client
         options = options_for(host, Flags())
         key = _key_from(options.api_key_file, f"{host.name}: tensorless_api_key_file")
-        instances = model_units(units, [entry])
+        instances: list[tuple[DeployedUnit, Entry]] = []
+        for unit in model_units(units, entries):  # every card's, every instance's
+            judged = unit_recipe(unit, entries)
+            if isinstance(judged, str):
+                failed.append(f"{host.name}: {judged}")
+            elif judged in chosen:
+                instances.append((unit, judged))
         if not instances:
-            failed.append(f"{host.name}: {want} is not deployed here")
+            if not any(line.startswith(f"{host.name}: ") for line in failed):
+                failed.append(f"{host.name}: {want} is not deployed here")
             continue
-        for unit in instances:  # every instance of the recipe on the host
+        for unit, entry in instances:
             labels = unit.container_labels or unit.unit_labels
             port_text = labels.get(LABEL_PORT, "")
             if not port_text.isdigit():
@@ -220,7 +237,8 @@ def inventory_targets(
             # certificate names the host, not its loopback
             tls = tls_context(verify=False) if labels.get(LABEL_TLS) == "true" else None
             where = f"{host.name} {unit.name} ({address(bind, port)} over ssh)"
-            targets.append((where, over_channel(loopback(host, bind, port), tls), tuned, key))
+            reach = over_channel(loopback(host, bind, port), tls)
+            targets.append((where, reach, tuned, key, entry))
     return targets
 
 

@@ -115,14 +115,17 @@ def _bench(
     benched: list[dict[str, Any]] = []
     failed: list[str] = []
     for (model, card), hosts in wanted.items():
-        entry = next((e for e in catalog.find_or_none(model) if e.recipe.card.id == card), None)
-        if entry is None:
+        entries = catalog.find_or_none(model)
+        if not any(e.recipe.card.id == card for e in entries):
             failed.append(f"{', '.join(hosts)}: {model} ({card}) is not in the catalog: no receipt")
             continue
         cleanup: list[Any] = []
-        where = argparse.Namespace(inventory=args.inventory, limit=hosts)
+        # the card's own units, each judged by its card's recipe (bench's inventory_targets)
+        where = argparse.Namespace(inventory=args.inventory, limit=hosts, card=card)
         try:
-            for name, connect, tuned, key in inventory_targets(where, entry, cleanup, failed):
+            for name, connect, tuned, key, entry in inventory_targets(
+                where, entries, cleanup, failed
+            ):
                 try:
                     summary = summarise(measure(connect, args.runs, api_key=key))
                 except BenchError as exc:

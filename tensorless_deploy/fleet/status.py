@@ -157,6 +157,24 @@ def model_units(
     ]
 
 
+def unit_recipe(unit: DeployedUnit, entries: Sequence[Entry]) -> Entry | str:
+    """The recipe a unit of a model runs, by the card its labels name (each card of a model has
+    its own recipe and receipt: an H200 instance is never judged by the P100 receipt), or why
+    there is none to judge it by."""
+    labels = unit.container_labels or unit.unit_labels
+    card = labels.get(LABEL_CARD)
+    if card is None:
+        return f"{unit.name} carries no {LABEL_CARD} label: which recipe it runs is not known"
+    entry = next((e for e in entries if e.recipe.card.id == card), None)
+    if entry is None:
+        cards = ", ".join(sorted({e.recipe.card.id for e in entries})) or "none"
+        return (
+            f"{unit.name} serves card {card}, for which the catalog has no recipe of this model "
+            f"(recipes for: {cards}): not compared"
+        )
+    return entry
+
+
 def unit_paths(name: str) -> tuple[str, str]:
     """Where a unit of this tool may be: quadlet first, then the plain .service."""
     return (f"{QUADLET_DIR}/{name}.container", f"{SYSTEMD_DIR}/{name}.service")
