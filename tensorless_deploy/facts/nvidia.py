@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 
 from .errors import FactError
-from .parsers import COMMAND_NOT_FOUND, NVIDIA_SMI_NO_DRIVER, TIMED_OUT
+from .parsers import COMMAND_NOT_FOUND, nvidia_smi_state
 from .values import (
     CardHealth,
     DriverModule,
@@ -125,8 +125,6 @@ def parse_kernel_log(output: str, exit_code: int) -> KernelLog:
 
 # --- nvidia-smi -q -x --------------------------------------------------------------------------
 
-_NO_DEVICES = "no devices were found"
-_NO_DRIVER = "couldn't communicate with the nvidia driver"
 _INT = re.compile(r"[0-9]+")
 _WIDTH = re.compile(r"([0-9]+)x")
 
@@ -237,15 +235,9 @@ def parse_health_xml(output: str, exit_code: int) -> HealthReport:
     """``nvidia-smi -q -x`` (stderr merged in) and its exit code: every card's health, or the
     state nvidia-smi is in."""
     text = output.strip()
-    lowered = text.lower()
-    if exit_code == COMMAND_NOT_FOUND:
-        return HealthReport(state="absent", exit_code=exit_code, message=text)
-    if exit_code in TIMED_OUT:
-        return HealthReport(state="hung", exit_code=exit_code, message=text)
-    if exit_code == NVIDIA_SMI_NO_DRIVER or _NO_DRIVER in lowered:
-        return HealthReport(state="no_driver", exit_code=exit_code, message=text)
-    if _NO_DEVICES in lowered:
-        return HealthReport(state="no_devices", exit_code=exit_code, message=text)
+    said = nvidia_smi_state(text, exit_code)  # what every nvidia-smi call says alike
+    if said is not None and said != "driver_mismatch":
+        return HealthReport(state=said, exit_code=exit_code, message=text)
     start = text.find("<nvidia_smi_log")
     if exit_code != 0 or start < 0:
         return HealthReport(state="failed", exit_code=exit_code, message=text[:300])

@@ -34,6 +34,7 @@ from .values import (
     Gpu,
     GpuApp,
     GpuReport,
+    GpuState,
     InitSystem,
     Listener,
     ModelBlobFile,
@@ -129,20 +130,30 @@ def parse_gpu_row(line: str) -> Gpu | None:
     )
 
 
+def nvidia_smi_state(text: str, exit_code: int) -> GpuState | None:
+    """What any nvidia-smi call's exit code and output (stderr merged in) say before its own
+    output is parsed: absent, hung (the survey's bound), no driver, a driver/library mismatch,
+    no devices; None: nothing of these, parse on."""
+    lowered = text.lower()
+    if exit_code == COMMAND_NOT_FOUND:
+        return "absent"
+    if exit_code in TIMED_OUT:
+        return "hung"
+    if exit_code == NVIDIA_SMI_NO_DRIVER or _NO_DRIVER_TEXT in lowered:
+        return "no_driver"
+    if _MISMATCH_TEXT in lowered:
+        return "driver_mismatch"
+    if _NO_DEVICES_TEXT in lowered:
+        return "no_devices"
+    return None
+
+
 def parse_nvidia_smi(output: str, exit_code: int) -> GpuReport:
     """NVIDIA_SMI_QUERY's output (stderr merged in) and exit code, as one of its states."""
     text = output.strip()
-    lowered = text.lower()
-    if exit_code == COMMAND_NOT_FOUND:
-        return GpuReport(state="absent", exit_code=exit_code, message=text)
-    if exit_code in TIMED_OUT:
-        return GpuReport(state="hung", exit_code=exit_code, message=text)
-    if exit_code == NVIDIA_SMI_NO_DRIVER or _NO_DRIVER_TEXT in lowered:
-        return GpuReport(state="no_driver", exit_code=exit_code, message=text)
-    if _MISMATCH_TEXT in lowered:
-        return GpuReport(state="driver_mismatch", exit_code=exit_code, message=text)
-    if _NO_DEVICES_TEXT in lowered:
-        return GpuReport(state="no_devices", exit_code=exit_code, message=text)
+    said = nvidia_smi_state(text, exit_code)
+    if said is not None:
+        return GpuReport(state=said, exit_code=exit_code, message=text)
     if exit_code != 0:
         field = _INVALID_FIELD.search(text)
         return GpuReport(
