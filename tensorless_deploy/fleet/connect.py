@@ -62,7 +62,7 @@ def login_refusal(host: Any, need: AccessNeed) -> str | None:
         return None
     login = HostLogin.typed(host.get_fact(HostLogin, sudo=sudo, _sudo=False))
     check = access_check(login.access, login.sudo)
-    return None if check.status == "ok" else check_line(check)
+    return None if check.status == "ok" else Refused(check_line(check))
 
 
 def require_root(facts: HostFacts) -> None:
@@ -71,6 +71,11 @@ def require_root(facts: HostFacts) -> None:
     check = survey_access_check(facts)
     if check is not None and check.status != "ok":
         raise AccessError(check_line(check))
+
+
+class Refused(str):
+    """The error text of a host refused before anything ran on it: its commands would not run
+    as root (access.root, one line with its fix)."""
 
 
 class Unreachable(str):
@@ -240,8 +245,10 @@ def on_each_host(
         state.activate_host(host)  # operations run only on activated hosts
         try:
             with ctx_state.use(state), ctx_host.use(host):
-                # access.root before anything runs under sudo, the lock's command among them
-                refused = login_refusal(host, access)
+                # access.root before anything runs under sudo, the lock's command among them;
+                # the lock is root's, so a run that takes it asks for root on any host
+                locking = fleet.lock is not None and host.name not in fleet.locks
+                refused = login_refusal(host, "root" if locking and access == "sudo" else access)
                 if refused is not None:
                     return refused
                 if fleet.lock is not None and host.name not in fleet.locks:

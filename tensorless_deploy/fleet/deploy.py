@@ -23,6 +23,7 @@ from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.device import parse_device_log
 from tensorless_deploy.facts.values import LABEL_DEVICE, LABEL_RECIPE_DIGEST, HostFacts
 from tensorless_deploy.fleet.connect import (
+    Refused,
     Unreachable,
     disconnect,
     lost,
@@ -419,10 +420,11 @@ NOTHING_TO_FETCH = "pull (nothing to fetch: the model and the image are there)"
 
 def not_reached(error: str | None) -> Outcome:
     """The outcome of a host the run could not start on: unreachable (it passed its deadline),
-    skipped (another run holds its lock), else failed."""
+    skipped (another run holds its lock, or its commands would not run as root: refused before
+    any change, as a failed preflight check is), else failed."""
     if isinstance(error, Unreachable):
         return "unreachable"
-    if isinstance(error, LockHeld):
+    if isinstance(error, (LockHeld, Refused)):
         return "skipped"
     return "failed"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tensorless_deploy.decisions.checks import Check
@@ -16,6 +16,7 @@ from tensorless_deploy.fleet.connect import (
     CANNOT_CONNECT,
     UNREACHABLE,
     AccessNeed,
+    Refused,
     disconnect,
     new_state,
     on_each_host,
@@ -302,9 +303,13 @@ def stop(
     # a host whose units could not be read (unreachable, locked, access.root) ran no command of
     # stop's: everything there is as it was, and the line says so rather than leave it guessed
     untouched = "nothing stopped or removed"
-    return [
+    out = [
         done[h.name] if h.name in done else not_read(h.name, found[h.name], untouched)
         for h in hosts
+    ]
+    # asked to stop, refused (access.root): the model still serves there, which is a failure
+    return [
+        replace(r, outcome="failed") if isinstance(found.get(r.host), Refused) else r for r in out
     ]
 
 
