@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tensorless_deploy.hostplan.plan import CARD_CHECKS  # what refuses a card: one list
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
@@ -24,7 +25,6 @@ pytestmark = pytest.mark.hosts
 PROFILES_DIR = Path(__file__).parent / "hosts" / "profiles"
 PROFILES = sorted(p.name for p in PROFILES_DIR.iterdir() if (p / "profile.json").is_file())
 PORT = 8099  # a flag: it must win over every default, everywhere
-CARD_CHECKS = ("driver.present", "driver.loaded", "card.match", "driver.version")
 
 
 def _json(*args: str, env: dict[str, str], ok: tuple[int, ...] = (0, 1)) -> Any:
@@ -127,7 +127,9 @@ def test_four_commands_agree_on_every_profile(
             if card_fail:
                 assert rc == 1 and run is not None and run["ok"] is False, why  # JSON refusal
                 continue
-            assert rc == 0 and run is not None, why
+            # a dry run exits as the real run would: 1 where this machine itself lacks what a
+            # run needs beyond the recording (the toolkit, a CDI spec), with the same plan
+            assert run is not None and rc in (0, 1) and "recipe" in run, (why, rc, run)
             assert run["recipe"] == d["recipe"], why
             assert run["gpu_uuids"] == cards[:1], why  # a foreground run: the first card
             assert run["address"] == f"127.0.0.1:{PORT}" == addresses[0], why

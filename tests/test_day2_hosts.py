@@ -357,12 +357,15 @@ def test_stop_and_prune_say_what_they_keep(day2: Day2, ssh: SshRunner) -> None:
     image = day2.hosts_json["image"]["ref"]
     shown = cli("prune", *inv, "--dry-run", env=day2.env)
     assert f"would remove model {blob}" in shown.stdout, shown.stdout
-    assert "left alone 1 other image(s), whose repository no unit and no recipe of the " in (
+    # the engine image this catalog does not name is left alone and named (another test of the
+    # set may have left an image of its own there too: it is named the same way)
+    assert " other image(s), whose repository no unit and no recipe of the " in (shown.stdout), (
         shown.stdout
-    ), shown.stdout
+    )
     assert image.partition("@")[0] in shown.stdout
     _, doc = day2.cli("prune", "--dry-run", recipes=False)
-    assert doc["hosts"][0]["other_images"] == [image], doc
+    others = doc["hosts"][0]["other_images"]
+    assert image in others and f"left alone {len(others)} other image(s)" in shown.stdout, doc
     _, done = day2.cli("prune")  # with the catalog that names the engine: removed
     names = [s["name"] for s in done["hosts"][0]["steps"]]
     assert f"remove image {image}" in names, names

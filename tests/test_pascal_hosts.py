@@ -51,6 +51,16 @@ REFUSED = {
 }
 # what a deploy would change on a host: the snapshot of test_doctor_hosts plus the model tree
 STATE = SNAPSHOT + "\nfind /var/lib/tensorless -xdev 2>/dev/null | sort\n"
+# podman mounts its overlay storage the first time a command of it needs the store (the survey
+# lists the images), and systemd shows the mount as a unit: podman's doing, not a change
+
+
+def _no_podman_mount(state: str) -> str:
+    return "".join(
+        line
+        for line in state.splitlines(keepends=True)
+        if not line.startswith("var-lib-containers-storage-overlay.mount ")
+    )
 
 
 @dataclass
@@ -69,7 +79,7 @@ class Pascal:
         return proc.returncode, json.loads(proc.stdout) if "--json" in args else None, out
 
     def state(self, hosts: tuple[str, ...]) -> dict[str, str]:
-        return {h: self.ssh(h, STATE, timeout=60).stdout for h in hosts}
+        return {h: _no_podman_mount(self.ssh(h, STATE, timeout=60).stdout) for h in hosts}
 
     def recipe(self, name: str, **engine: str) -> dict[str, Any]:
         """The tiny recipe under another short name, with another engine (arch, image)."""

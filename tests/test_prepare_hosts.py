@@ -258,6 +258,9 @@ def test_doctor_prepare_doctor_then_nothing_to_do_and_a_deploy_serves(prep: Prep
         "/etc/udev/rules.d/71-nvidia-dev-char.rules",
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
+        # the nodes and links again at every boot, before the served units (gpu.uvm's fix)
+        "/etc/systemd/system/tensorless-nvidia-devices.service",
+        "/etc/systemd/system/sysinit.target.wants/tensorless-nvidia-devices.service",
         models,
     }, sorted(changed["gpu1"])
     assert changed["legacy1"] == toolkit_files | ours | {"/etc/cdi/nvidia.yaml", models}, sorted(

@@ -707,7 +707,11 @@ def test_run_with_key_and_tls_serves_https_and_leaves_no_secret(
                 text=True,
                 timeout=300,
             )
-            assert bench.returncode == 0, bench.stderr
+            # measured over https with the key (exit 1 is only a result below the receipt on a
+            # loaded machine: this test is about TLS and the key, not speed)
+            doc = json.loads(bench.stdout) if bench.stdout.startswith("{") else None
+            assert doc is not None and doc["errors"] == [] and doc["results"], bench.stderr
+            assert bench.returncode in (0, 1), bench.stderr
         finally:
             run.send_signal(signal.SIGTERM)
             run.wait(timeout=60)
