@@ -25,7 +25,13 @@ from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import HostFacts
 from tensorless_deploy.fleet.channel import executor_arguments
 from tensorless_deploy.fleet.inventory import host_data, options_for
-from tensorless_deploy.fleet.lock import HostLock, LockHeld, heartbeat_every, lock_host
+from tensorless_deploy.fleet.lock import (
+    CANNOT_LOCK,
+    HostLock,
+    LockHeld,
+    heartbeat_every,
+    lock_host,
+)
 from tensorless_deploy.gguf.sizing import Sizings
 from tensorless_deploy.hostplan.plan import SurveyedHost
 from tensorless_deploy.recipe.catalog import Entry
@@ -245,10 +251,8 @@ def on_each_host(
         state.activate_host(host)  # operations run only on activated hosts
         try:
             with ctx_state.use(state), ctx_host.use(host):
-                # access.root before anything runs under sudo, the lock's command among them;
-                # the lock is root's, so a run that takes it asks for root on any host
-                locking = fleet.lock is not None and host.name not in fleet.locks
-                refused = login_refusal(host, "root" if locking and access == "sudo" else access)
+                # access.root before anything runs under sudo, the lock's command among them
+                refused = login_refusal(host, access)
                 if refused is not None:
                     return refused
                 if fleet.lock is not None and host.name not in fleet.locks:
@@ -262,6 +266,13 @@ def on_each_host(
                         deadline=watch.deadline,
                     )
                     if isinstance(got, LockHeld):
+                        # the lock is root's: one that could not be taken at all, on a host
+                        # without sudo, is first asked whether its commands run as root (one
+                        # more command, only on this way out; a converged run costs none)
+                        if got.startswith(CANNOT_LOCK) and access == "sudo":
+                            why = login_refusal(host, "root")
+                            if why is not None:
+                                return why
                         return watch.lost or got
                     fleet.locks[host.name] = got
                 in_step(state, host, step)

@@ -23,6 +23,7 @@ from tensorless_deploy.fleet.channel import Stream, open_stream
 
 LOCK_PATH = "/run/tensorless-deploy/deploy.lock"
 LOCKED_EXIT = 75  # run-lock.sh: another run holds it
+CANNOT_LOCK = "cannot take the host's lock"  # how a lock that could not be taken at all is said
 
 
 def heartbeat_every(deadline: float) -> float:
@@ -102,4 +103,4 @@ def lock_host(
             f"locked by another run: {holder}, {seconds}{waited} (fix: wait for it to end, "
             "or pass --wait-lock SECONDS)"
         )
-    return LockHeld(f"cannot take the host's lock: {err or first or 'no answer'}")
+    return LockHeld(f"{CANNOT_LOCK}: {err or first or 'no answer'}")
