@@ -214,14 +214,16 @@ def inventory_targets(
         options = options_for(host, Flags())
         key = _key_from(options.api_key_file, f"{host.name}: tensorless_api_key_file")
         instances: list[tuple[DeployedUnit, Entry]] = []
+        refused: list[str] = []
         for unit in model_units(units, entries):  # every card's, every instance's
             judged = unit_recipe(unit, entries)
             if isinstance(judged, str):
-                failed.append(f"{host.name}: {judged}")
+                refused.append(f"{host.name}: {judged}")
             elif judged in chosen:
                 instances.append((unit, judged))
+        failed.extend(refused)
         if not instances:
-            if not any(line.startswith(f"{host.name}: ") for line in failed):
+            if not refused:
                 failed.append(f"{host.name}: {want} is not deployed here")
             continue
         for unit, entry in instances:
