@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -98,6 +99,7 @@ class Watch:
     step: str = "connect"
     lost: Unreachable | None = None
     greenlet: Any = None
+    answered: float = 0.0  # when the host last answered a keepalive (time.monotonic)
 
 
 @dataclass
@@ -201,6 +203,8 @@ def _keepalive(host: Any, watch: Watch) -> None:
         try:
             with gevent.Timeout(watch.deadline):
                 transport.global_request("keepalive@openssh.com", wait=True)
+            if transport.is_active():
+                watch.answered = time.monotonic()
         except gevent.Timeout:
             watch.lost = Unreachable(
                 f"{UNREACHABLE}: no answer over SSH for {watch.deadline} s, during {watch.step} "
@@ -210,6 +214,28 @@ def _keepalive(host: Any, watch: Watch) -> None:
             return
         except (OSError, EOFError):
             return
+
+
+def still_there(state: Any, host: Any) -> bool:
+    """After a host's step failed: does the host still answer? A cut link can show first as a
+    failed step, not a silent one: the host lets the run go when the controller's heartbeat
+    stops (its lock, and the download that lock guards, end) and says so over a link that may
+    still carry what the host sends. So wait for the host's next keepalive answer, asked after
+    the failure, before calling the failure the host's own: False (the host is given up as
+    unreachable, named with its step) when none comes within its deadline. A live host answers
+    within a heartbeat; only a host that is gone costs its deadline."""
+    import gevent
+
+    watch = fleet_of(state).watches.get(host.name)
+    if watch is None or watch.greenlet is None:
+        return True  # @local, or never connected: nothing to ask
+    failed_at = time.monotonic()
+    give_up = failed_at + heartbeat_every(watch.deadline) + watch.deadline + 1
+    while watch.lost is None and watch.answered <= failed_at:
+        if watch.greenlet.dead or time.monotonic() > give_up:
+            return True  # the connection ended otherwise: the failure says what happened
+        gevent.sleep(0.1)
+    return watch.lost is None
 
 
 def lost(state: Any, name: str) -> Unreachable | None:
@@ -322,6 +348,7 @@ def run_hosts(
                     step = ", ".join(sorted(state.get_op_meta(op_hash).names)) or "an operation"
                 in_step(state, host, f"the {step} step")
                 if not run_host_op(state, host, op_hash):
+                    still_there(state, host)  # a cut link is the host's, not the step's
                     return
 
     with ctx_state.use(state):
