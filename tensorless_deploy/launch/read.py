@@ -10,16 +10,17 @@ from dataclasses import dataclass
 
 from tensorless_deploy.launch.container import FORMATS, Kind
 from tensorless_deploy.launch.spec import SECRET_MOUNT_DIR
+from tensorless_deploy.recipe.flags import LAUNCHER
 
-# The llama-server flags the launcher sets itself, by what they decide (launch.spec)
-ADDRESS_FLAGS = ("--host", "--port")
-CONTEXT_FLAGS = ("-c",)
-MODEL_FLAGS = ("-m",)
+# The llama-server flags the launcher sets itself, by how they are read back (recipe.flags.
+# LAUNCHER, the table launch.spec writes them from)
+ADDRESS_FLAGS = tuple(r.written for r in LAUNCHER if r.read == "address")
+(CONTEXT_FLAG,) = (r.written for r in LAUNCHER if r.read == "context")
 # Who may call the API (the operator's access options): status reports them as "access"
-ACCESS_WITH_VALUE = ("--api-key-file", "--ssl-cert-file", "--ssl-key-file", "--cors-origins")
-ACCESS_SWITCHES = ("--metrics",)  # an operator's switch (tensorless_metrics), not the recipe's
-OWNED_WITH_VALUE = ("-m", "--host", "--port", "-c", "--alias", "-t", "-tb", *ACCESS_WITH_VALUE)
-OWNED_SWITCHES = ACCESS_SWITCHES
+ACCESS_WITH_VALUE = tuple(r.written for r in LAUNCHER if r.read == "access" and not r.switch)
+ACCESS_SWITCHES = tuple(r.written for r in LAUNCHER if r.read == "access" and r.switch)
+OWNED_WITH_VALUE = tuple(r.written for r in LAUNCHER if not r.switch)
+OWNED_SWITCHES = tuple(r.written for r in LAUNCHER if r.switch)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def drift(deployed: UnitContent, wanted: UnitContent, deployed_text: str, wanted
     cmp("model", deployed.volumes(secrets=False), wanted.volumes(secrets=False))
     cmp("secrets", deployed.volumes(secrets=True), wanted.volumes(secrets=True))
     cmp("access", deployed.access(), wanted.access())
-    cmp("context", deployed.flag("-c"), wanted.flag("-c"))
+    cmp("context", deployed.flag(CONTEXT_FLAG), wanted.flag(CONTEXT_FLAG))
     cmp("args", deployed.recipe_args(), wanted.recipe_args())
     cmp("env", tuple(sorted(deployed.values("env"))), tuple(sorted(wanted.values("env"))))
     cmp(

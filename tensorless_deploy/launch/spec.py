@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tensorless_deploy.decisions.checks import EngineName, Tuning, threads_for, tuning
@@ -33,6 +33,7 @@ from tensorless_deploy.facts.values import (
     LABEL_TUNED,
 )
 from tensorless_deploy.recipe.catalog import UNIT_PREFIX, recipe_digest, slug, unit_name
+from tensorless_deploy.recipe.flags import LAUNCHER
 from tensorless_deploy.recipe.schema import Recipe
 
 MODEL_MOUNT_DIR = "/models"
@@ -191,6 +192,27 @@ class LaunchSpec:
         return tuple(f"nvidia.com/gpu={uuid}" for uuid in self.gpu_uuids)
 
 
+def launcher_args(values: Mapping[str, str | bool | None]) -> tuple[str, ...]:
+    """The launcher's own llama-server flags with their values, in the order of their table
+    (recipe.flags.LAUNCHER): a value None, or a switch's False, leaves its flag out. ``values``
+    names exactly the table's values, so a flag cannot be written without its row (refused in
+    every spelling, read back by launch.read) nor a row left without its value."""
+    rows = {r.sets for r in LAUNCHER}
+    if set(values) != rows:
+        raise ValueError(f"launcher values without a row or a value: {sorted(rows ^ set(values))}")
+    out: list[str] = []
+    for row in LAUNCHER:
+        value = values[row.sets]
+        if value is None or value is False:
+            continue
+        if isinstance(value, bool) != row.switch:
+            raise TypeError(
+                f"{row.written}: {value!r} is not a {'switch' if row.switch else 'value'}"
+            )
+        out += [row.written] if row.switch else [row.written, str(value)]
+    return tuple(out)
+
+
 def build_launch_spec(
     recipe: Recipe,
     *,
@@ -227,39 +249,27 @@ def build_launch_spec(
         Secret(n, posixpath.join(where, n), posixpath.join(SECRET_MOUNT_DIR, n)) for n in wanted
     )
     mounts = {s.name: s.mount for s in secrets}
-    operator_args: list[str] = []
-    if api_key:
-        operator_args += ["--api-key-file", mounts[API_KEY_NAME]]
-    if tls:
-        operator_args += ["--ssl-cert-file", mounts[TLS_CERT_NAME]]
-        operator_args += ["--ssl-key-file", mounts[TLS_KEY_NAME]]
-    if metrics:
-        operator_args.append("--metrics")
-    operator_args += ["--cors-origins", cors_origins]  # never llama-server's own default, *
     base = posixpath.basename(recipe.model.file)
     # The mount point appears raw in a quadlet Volume=: keep it to plain characters.
     mount = posixpath.join(MODEL_MOUNT_DIR, base if _PLAIN.fullmatch(base) else "model.gguf")
-    server_args = (
-        "-m",
-        mount,
-        "--host",
-        bind,
-        "--port",
-        str(port),
-        "-c",
-        str(context if context is not None else recipe.run.context),
-        "--alias",
-        recipe.run.alias,
-        "-t",
-        str(threads),
-        "-tb",
-        str(threads),
-        "-lv",
-        str(LOG_VERBOSITY),
-        *operator_args,
-        *recipe.run.args,
-        *extra_args,
+    launcher = launcher_args(
+        {
+            "model": mount,
+            "bind": bind,
+            "port": str(port),
+            "context": str(context if context is not None else recipe.run.context),
+            "alias": recipe.run.alias,
+            "threads": str(threads),
+            "threads_batch": str(threads),
+            "verbosity": str(LOG_VERBOSITY),
+            "api_key_file": mounts.get(API_KEY_NAME),
+            "tls_cert_file": mounts.get(TLS_CERT_NAME),
+            "tls_key_file": mounts.get(TLS_KEY_NAME),
+            "metrics": metrics,
+            "cors_origins": cors_origins,  # never llama-server's own default, *
+        }
     )
+    server_args = (*launcher, *recipe.run.args, *extra_args)
     env = (*recipe.run.env.items(), ("OMP_NUM_THREADS", str(threads)))
     labels = (
         (LABEL_RECIPE_DIGEST, recipe_digest(recipe)),

@@ -1,6 +1,8 @@
 """The llama-server flags a recipe or a run's extra args may not carry, in every spelling
 llama-server reads: the one list that the schema, the extra-args check and the help-text tests
-(tests/test_server_flags.py, against the engines' own ``llama-server --help``) all read.
+(tests/test_server_flags.py, against the engines' own ``llama-server --help``) all read. Its
+``LAUNCHER`` table is also the one list of the flags the launcher writes: launch.spec derives
+the argv from it, launch.read the read-back of a deployed unit.
 
 How llama-server reads its command line (common/arg.cpp of the pinned trees): an argument that
 starts with ``--`` has every ``_`` turned into ``-`` before lookup; a repeated flag keeps the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from tensorless_deploy.recipe.text import has_control, quoted
 
@@ -33,42 +36,7 @@ class ServerFlag:
         return self.spellings[0]
 
 
-# The flags the launcher sets itself (launch.spec.build_launch_spec): a second value from a
-# recipe or after -- would win (the last value wins) while labels, plan and health check still
-# believe the launcher's. OMP_NUM_THREADS is not llama-server's, but the launcher sets it too.
-OWNED: tuple[ServerFlag, ...] = (
-    ServerFlag(("--model", "-m"), ("LLAMA_ARG_MODEL",), "from [model] file, sha256-verified"),
-    ServerFlag(("--host",), ("LLAMA_ARG_HOST",), "from the operator's bind address", "bind"),
-    ServerFlag(("--port",), ("LLAMA_ARG_PORT",), "from the operator's port", "port"),
-    ServerFlag(("--ctx-size", "-c"), ("LLAMA_ARG_CTX_SIZE",), "from [run] context", "context"),
-    ServerFlag(("--alias", "-a"), ("LLAMA_ARG_ALIAS",), "from [run] alias"),
-    ServerFlag(("--threads", "-t"), ("LLAMA_ARG_THREADS",), "from [run] threads_max"),
-    # The pinned builds give -tb no environment twin; LLAMA_ARG_THREADS_BATCH is refused anyway,
-    # for a build that adds it.
-    ServerFlag(("--threads-batch", "-tb"), ("LLAMA_ARG_THREADS_BATCH",), "from [run] threads_max"),
-    # the start log's device lines (facts.device) need verbosity 4: deploy reads them to show the
-    # server is on its card
-    ServerFlag(
-        ("--verbosity", "-lv", "--log-verbosity"),
-        ("LLAMA_ARG_LOG_VERBOSITY",),
-        "at 4, so the start log says which device the model went to (the deploy checks it)",
-    ),
-    # llama-server's own default is * with credentials: any web page in a browser on a machine
-    # that reaches a keyless server could drive it (docs/security.md)
-    ServerFlag(
-        ("--cors-origins",),
-        ("LLAMA_ARG_CORS_ORIGINS",),
-        "from the operator's browser origins (default: loopback origins only)",
-        "cors_origins",
-    ),
-    # a second --metrics would serve /metrics while the unit's label says metrics: "false"
-    ServerFlag(
-        ("--metrics",),
-        ("LLAMA_ARG_ENDPOINT_METRICS",),
-        "from the operator's metrics switch (tensorless_metrics)",
-        "metrics",
-    ),
-)
+# OMP_NUM_THREADS is not llama-server's, but the launcher sets it too (beside -t and -tb).
 OWNED_ENV: Mapping[str, str] = {"OMP_NUM_THREADS": "from [run] threads_max"}
 
 _WEIGHTS = "weights come only from [model] file, checked by its sha256"
@@ -78,6 +46,25 @@ _PRESET = (
 )
 _EXITS = "prints and exits: the server would never start"
 _FILE_IN = "reads a file the recipe cannot ship (only the image and the model are mounted)"
+
+# The operator's files the launcher names itself: refused as forbidden (a run's own would be
+# the operator's secret in a recipe), written by the launcher from the operator's options.
+_API_KEY_FILE = ServerFlag(
+    ("--api-key-file",),
+    ("LLAMA_ARG_API_KEY_FILE",),
+    "names the API key file, which is the operator's (tensorless_api_key_file) and set by "
+    "the launcher",
+)
+_SSL_KEY_FILE = ServerFlag(
+    ("--ssl-key-file",),
+    ("LLAMA_ARG_SSL_KEY_FILE",),
+    "names a TLS file, which is the operator's, not a run's",
+)
+_SSL_CERT_FILE = ServerFlag(
+    ("--ssl-cert-file",),
+    ("LLAMA_ARG_SSL_CERT_FILE",),
+    "names a TLS file, which is the operator's, not a run's",
+)
 
 # Flags no recipe and no run may pass, each with why; decided from the pinned builds' --help.
 FORBIDDEN: tuple[ServerFlag, ...] = (
@@ -232,22 +219,9 @@ FORBIDDEN: tuple[ServerFlag, ...] = (
         "would put an API key in a recipe, an argv and a unit file; keys are the operator's, "
         "from a key file on the host",
     ),
-    ServerFlag(
-        ("--api-key-file",),
-        ("LLAMA_ARG_API_KEY_FILE",),
-        "names the API key file, which is the operator's (tensorless_api_key_file) and set by "
-        "the launcher",
-    ),
-    ServerFlag(
-        ("--ssl-key-file",),
-        ("LLAMA_ARG_SSL_KEY_FILE",),
-        "names a TLS file, which is the operator's, not a run's",
-    ),
-    ServerFlag(
-        ("--ssl-cert-file",),
-        ("LLAMA_ARG_SSL_CERT_FILE",),
-        "names a TLS file, which is the operator's, not a run's",
-    ),
+    _API_KEY_FILE,
+    _SSL_KEY_FILE,
+    _SSL_CERT_FILE,
     ServerFlag(
         ("--reuse-port",),
         ("LLAMA_ARG_REUSE_PORT",),
@@ -265,6 +239,121 @@ FORBIDDEN: tuple[ServerFlag, ...] = (
     ServerFlag(("--completion-bash",), (), _EXITS),
     ServerFlag(("--list-devices",), (), _EXITS),
 )
+
+ReadBack = Literal["model", "address", "context", "access", "launcher"]
+
+
+@dataclass(frozen=True)
+class LaunchFlag:
+    """One flag the launcher writes into every llama-server argv: the option it is (every
+    spelling and twin, refused in a recipe, its env and after --), the spelling written, the
+    launch value it carries (launch.spec.build_launch_spec names them) and how status reads it
+    back from a deployed unit (launch.read): "model" through the model's mount, "address",
+    "context" and "access" as drift fields of their own, "launcher" (derived from the recipe and
+    the host) only kept out of the recipe's args."""
+
+    flag: ServerFlag
+    written: str  # the spelling in the argv: one of flag.spellings
+    sets: str  # the launch value it carries
+    read: ReadBack
+    switch: bool = False  # no value: present (the value True) or absent
+
+
+# The launcher's own flags, in the order of the argv (launch.spec.launcher_args). A second value
+# from a recipe or after -- would win (the last value wins) while labels, plan and health check
+# still believe the launcher's, so each is refused in every spelling: as the launcher's (OWNED),
+# or, for the operator's files, as forbidden.
+LAUNCHER: tuple[LaunchFlag, ...] = (
+    LaunchFlag(
+        ServerFlag(("--model", "-m"), ("LLAMA_ARG_MODEL",), "from [model] file, sha256-verified"),
+        "-m",
+        "model",
+        "model",
+    ),
+    LaunchFlag(
+        ServerFlag(("--host",), ("LLAMA_ARG_HOST",), "from the operator's bind address", "bind"),
+        "--host",
+        "bind",
+        "address",
+    ),
+    LaunchFlag(
+        ServerFlag(("--port",), ("LLAMA_ARG_PORT",), "from the operator's port", "port"),
+        "--port",
+        "port",
+        "address",
+    ),
+    LaunchFlag(
+        ServerFlag(("--ctx-size", "-c"), ("LLAMA_ARG_CTX_SIZE",), "from [run] context", "context"),
+        "-c",
+        "context",
+        "context",
+    ),
+    LaunchFlag(
+        ServerFlag(("--alias", "-a"), ("LLAMA_ARG_ALIAS",), "from [run] alias"),
+        "--alias",
+        "alias",
+        "launcher",
+    ),
+    LaunchFlag(
+        ServerFlag(("--threads", "-t"), ("LLAMA_ARG_THREADS",), "from [run] threads_max"),
+        "-t",
+        "threads",
+        "launcher",
+    ),
+    # The pinned builds give -tb no environment twin; LLAMA_ARG_THREADS_BATCH is refused anyway,
+    # for a build that adds it.
+    LaunchFlag(
+        ServerFlag(
+            ("--threads-batch", "-tb"), ("LLAMA_ARG_THREADS_BATCH",), "from [run] threads_max"
+        ),
+        "-tb",
+        "threads_batch",
+        "launcher",
+    ),
+    # the start log's device lines (facts.device) need verbosity 4: deploy reads them to show the
+    # server is on its card
+    LaunchFlag(
+        ServerFlag(
+            ("--verbosity", "-lv", "--log-verbosity"),
+            ("LLAMA_ARG_LOG_VERBOSITY",),
+            "at 4, so the start log says which device the model went to (the deploy checks it)",
+        ),
+        "-lv",
+        "verbosity",
+        "launcher",
+    ),
+    LaunchFlag(_API_KEY_FILE, "--api-key-file", "api_key_file", "access"),
+    LaunchFlag(_SSL_CERT_FILE, "--ssl-cert-file", "tls_cert_file", "access"),
+    LaunchFlag(_SSL_KEY_FILE, "--ssl-key-file", "tls_key_file", "access"),
+    # a second --metrics would serve /metrics while the unit's label says metrics: "false"
+    LaunchFlag(
+        ServerFlag(
+            ("--metrics",),
+            ("LLAMA_ARG_ENDPOINT_METRICS",),
+            "from the operator's metrics switch (tensorless_metrics)",
+            "metrics",
+        ),
+        "--metrics",
+        "metrics",
+        "access",
+        switch=True,
+    ),
+    # llama-server's own default is * with credentials: any web page in a browser on a machine
+    # that reaches a keyless server could drive it (docs/security.md)
+    LaunchFlag(
+        ServerFlag(
+            ("--cors-origins",),
+            ("LLAMA_ARG_CORS_ORIGINS",),
+            "from the operator's browser origins (default: loopback origins only)",
+            "cors_origins",
+        ),
+        "--cors-origins",
+        "cors_origins",
+        "access",
+    ),
+)
+# The launcher's flags refused as its own ("the launcher sets ..."); the rest are in FORBIDDEN.
+OWNED: tuple[ServerFlag, ...] = tuple(r.flag for r in LAUNCHER if r.flag not in FORBIDDEN)
 
 # Options of the pinned builds that were reviewed and stay allowed, most because they name a
 # file, a directory or the network (tests/test_server_flags.py makes every such option of the
