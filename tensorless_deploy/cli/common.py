@@ -146,19 +146,17 @@ def access_from(args: argparse.Namespace, flags: Flags) -> Flags:
     pair is one line naming the flag)."""
     import dataclasses
 
-    from tensorless_deploy.decisions.options import check_flags
+    from tensorless_deploy.decisions.options import SETTINGS, check_flags
 
     return check_flags(
-        dataclasses.replace(
-            flags,
-            api_key_file=getattr(args, "api_key_file", None),
-            insecure_open=True if getattr(args, "insecure_open", False) else None,
-            tls_cert_file=getattr(args, "tls_cert_file", None),
-            tls_key_file=getattr(args, "tls_key_file", None),
-            metrics=True if getattr(args, "metrics", False) else None,
-            cors_origins=getattr(args, "cors_origins", None),
-        )
+        dataclasses.replace(flags, **{s.name: _given(args, s.name) for s in SETTINGS if s.access})
     )
+
+
+def _given(args: argparse.Namespace, name: str) -> Any:
+    """A setting's value on this command line; None: not given (a switch left off too)."""
+    value = getattr(args, name, None)
+    return None if value is False else value
 
 
 def instances_flag(p: argparse.ArgumentParser) -> None:
@@ -177,16 +175,11 @@ def flags_from(args: argparse.Namespace, **names: str) -> Flags:
         names = {"instances": "--gpu", **names}
     from tensorless_deploy.decisions.options import SETTINGS, Flags, check_flags
 
+    # the access settings are access_from's (run, serve, export), the instances _instances_arg's
+    given = {s.name: _given(args, s.name) for s in SETTINGS if not s.access}
     return check_flags(
         Flags(
-            port=getattr(args, "port", None),
-            bind=getattr(args, "bind", None),
-            models_dir=getattr(args, "models_dir", None),
-            engine=getattr(args, "engine", None),
-            context=getattr(args, "context", None),
-            instances=_instances_arg(args),
-            host_timeout=getattr(args, "host_timeout", None),
-            wait_lock=getattr(args, "wait_lock", None),
+            **{**given, "instances": _instances_arg(args)},
             extra_args=tuple(getattr(args, "extra", ()) or ()),
             allow_draft=getattr(args, "allow_draft", False),
             flag_names=names or None,

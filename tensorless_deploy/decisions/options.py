@@ -13,8 +13,8 @@ import posixpath
 import re
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, cast
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeVar
 
 from tensorless_deploy.errors import InventoryError, UsageError
 from tensorless_deploy.hub import DEFAULT_MODELS_DIR
@@ -26,54 +26,15 @@ ENGINE_CHOICES: tuple[EngineChoice, ...] = ("auto", "podman", "docker")
 DEFAULT_PORT = 8080
 DEFAULT_BIND = "127.0.0.1"
 
-# Inventory host data keys this tool reads (inventories/example.py documents them); everything
-# else in host data belongs to pyinfra and its connectors.
-DATA_PORT = "tensorless_port"
-DATA_BIND = "tensorless_bind"
-DATA_MODELS_DIR = "tensorless_models_dir"
-DATA_ENGINE = "tensorless_engine"
+# Inventory host data keys this tool reads beside the settings' own (SETTINGS; all of them:
+# DATA_KEYS, documented in inventories/example.py); everything else in host data belongs to
+# pyinfra and its connectors.
 DATA_GPUS = "tensorless_gpus"  # offline planning: the GPUs as nvidia-smi would list them
-DATA_INSTANCES = "tensorless_instances"  # "all", a count, or a list of GPU indices/UUIDs
-DATA_PORTS = "tensorless_ports"  # one port per instance, instead of tensorless_port + ordinal
 # prepare: the NVIDIA Container Toolkit's version pin, repository and signing key (resolved and
 # validated by hostplan.prepare.toolkit_source)
 DATA_TOOLKIT_VERSION = "tensorless_toolkit_version"
 DATA_TOOLKIT_REPO = "tensorless_toolkit_repo"
 DATA_TOOLKIT_KEY = "tensorless_toolkit_key"
-# Who may call the API, and how (docs/security.md): paths on the CONTROLLER, never the secret.
-DATA_API_KEY_FILE = "tensorless_api_key_file"  # one key; installed on the host root-only
-DATA_INSECURE_OPEN = "tensorless_insecure_open"  # true: a non-loopback bind may go keyless
-DATA_TLS_CERT_FILE = "tensorless_tls_cert_file"  # PEM certificate (chain) for llama-server
-DATA_TLS_KEY_FILE = "tensorless_tls_key_file"  # its PEM private key
-DATA_METRICS = "tensorless_metrics"  # true: llama-server's /metrics (with the key, if set)
-# Which browser origins may read the API's answers (llama-server --cors-origins): its own
-# default is "*" with credentials, so any web page open on the operator's machine could drive a
-# keyless loopback server; the launcher's default is loopback origins only.
-DATA_CORS_ORIGINS = "tensorless_cors_origins"
-DATA_PIDS_LIMIT = "tensorless_pids_limit"  # the container's pids limit; 0: none set by the tool
-# How long a host may stay silent over SSH (connect, any command, any transfer) before the run
-# calls it unreachable and goes on without it (docs/design.md#deadlines-locks-and-interrupts)
-DATA_HOST_TIMEOUT = "tensorless_host_timeout"
-DATA_KEYS = (
-    DATA_PORT,
-    DATA_BIND,
-    DATA_MODELS_DIR,
-    DATA_ENGINE,
-    DATA_GPUS,
-    DATA_INSTANCES,
-    DATA_PORTS,
-    DATA_TOOLKIT_VERSION,
-    DATA_TOOLKIT_REPO,
-    DATA_TOOLKIT_KEY,
-    DATA_API_KEY_FILE,
-    DATA_INSECURE_OPEN,
-    DATA_TLS_CERT_FILE,
-    DATA_TLS_KEY_FILE,
-    DATA_METRICS,
-    DATA_PIDS_LIMIT,
-    DATA_HOST_TIMEOUT,
-    DATA_CORS_ORIGINS,
-)
 # llama-server's special value: it reflects an Origin only when its host is localhost,
 # 127.0.0.1 or [::1] (seen on the test hosts with both pinned builds' --cors-origins).
 CORS_LOOPBACK = "localhost"
@@ -315,44 +276,139 @@ def _path(v: object) -> str | None:
 
 
 Rule = Callable[[object], "str | None"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One operator option: where the inventory says it, the flag that overrides it, its rule."""
+    """One operator option: where the inventory says it, the flag that overrides it, its rule.
+    Declared once, as a field of Options (``setting``): its name, type and default are that
+    field's."""
 
     name: str
-    data_key: str | None
+    data_key: str | None  # None: command line only
     flag: str | None  # None: inventory data only
     rule: Rule
     default: Any
+    access: bool = False  # who may call the API: cli.common.access_flags (read by access_from)
 
 
-SETTINGS = (
-    Setting("port", DATA_PORT, "--port", _port, DEFAULT_PORT),
-    Setting("bind", DATA_BIND, "--bind", _bind, DEFAULT_BIND),
-    Setting("models_dir", DATA_MODELS_DIR, None, _models_dir, DEFAULT_MODELS_DIR),
-    Setting("engine", DATA_ENGINE, "--engine", _engine, "auto"),
-    Setting("context", None, "--context", _context, None),
-    Setting("instances", DATA_INSTANCES, "--instances", _instances, "all"),
-    Setting("ports", DATA_PORTS, None, _ports, None),
-    Setting("api_key_file", DATA_API_KEY_FILE, "--api-key-file", _path, None),
-    Setting("insecure_open", DATA_INSECURE_OPEN, "--insecure-open", _flag, False),
-    Setting("tls_cert_file", DATA_TLS_CERT_FILE, "--tls-cert-file", _path, None),
-    Setting("tls_key_file", DATA_TLS_KEY_FILE, "--tls-key-file", _path, None),
-    Setting("metrics", DATA_METRICS, "--metrics", _flag, False),
-    Setting("pids_limit", DATA_PIDS_LIMIT, None, _pids_limit, DEFAULT_PIDS_LIMIT),
-    Setting(
-        "host_timeout", DATA_HOST_TIMEOUT, "--host-timeout", _host_timeout, DEFAULT_HOST_TIMEOUT_S
-    ),
-    Setting("wait_lock", None, "--wait-lock", _wait_lock, DEFAULT_LOCK_WAIT_S),
-    Setting("cors_origins", DATA_CORS_ORIGINS, "--cors-origins", _cors_origins, CORS_LOOPBACK),
+def setting(
+    default: T, data_key: str | None, flag: str | None, rule: Rule, *, access: bool = False
+) -> T:
+    """An Options field that is an operator setting (its row of SETTINGS)."""
+    row = {"data_key": data_key, "flag": flag, "rule": rule, "access": access}
+    return field(default=default, metadata={_ROW: row})
+
+
+_ROW = "tensorless.setting"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the operator chose for one host, resolved and validated. Each ``setting`` field is
+    one row of the settings table: its inventory key, its flag, its rule and its default."""
+
+    port: int = setting(DEFAULT_PORT, "tensorless_port", "--port", _port)
+    bind: str = setting(DEFAULT_BIND, "tensorless_bind", "--bind", _bind)
+    models_dir: str = setting(DEFAULT_MODELS_DIR, "tensorless_models_dir", None, _models_dir)
+    # (RUF009: every default is immutable, but ruff cannot see through the alias)
+    engine: EngineChoice = setting("auto", "tensorless_engine", "--engine", _engine)  # noqa: RUF009
+    # None: the recipe's own (tuned)
+    context: int | None = setting(None, None, "--context", _context)
+    # "all", a count, or a list of GPU indices/UUIDs
+    instances: Instances = setting(  # noqa: RUF009
+        "all", "tensorless_instances", "--instances", _instances
+    )
+    # one port per instance, instead of tensorless_port + ordinal; None: port + ordinal
+    ports: tuple[int, ...] | None = setting(None, "tensorless_ports", None, _ports)
+    # Who may call the API, and how (docs/security.md): paths on the CONTROLLER, never the
+    # secret. One key, installed on the host root-only; None: no key (loopback only).
+    api_key_file: str | None = setting(
+        None, "tensorless_api_key_file", "--api-key-file", _path, access=True
+    )
+    # true: a non-loopback bind may go keyless, on purpose
+    insecure_open: bool = setting(
+        False, "tensorless_insecure_open", "--insecure-open", _flag, access=True
+    )
+    # PEM certificate (chain) for llama-server and its private key: both or neither
+    tls_cert_file: str | None = setting(
+        None, "tensorless_tls_cert_file", "--tls-cert-file", _path, access=True
+    )
+    tls_key_file: str | None = setting(
+        None, "tensorless_tls_key_file", "--tls-key-file", _path, access=True
+    )
+    # true: llama-server's /metrics (with the key, if set)
+    metrics: bool = setting(False, "tensorless_metrics", "--metrics", _flag, access=True)
+    # the container's pids limit; 0: none set by the tool
+    pids_limit: int = setting(DEFAULT_PIDS_LIMIT, "tensorless_pids_limit", None, _pids_limit)
+    # How long a host may stay silent over SSH (connect, any command, any transfer) before the
+    # run calls it unreachable and goes on without it (docs/design.md#deadlines-locks-and-
+    # interrupts)
+    host_timeout: int = setting(
+        DEFAULT_HOST_TIMEOUT_S, "tensorless_host_timeout", "--host-timeout", _host_timeout
+    )
+    # seconds to wait for another run's lock on a host
+    wait_lock: int = setting(DEFAULT_LOCK_WAIT_S, None, "--wait-lock", _wait_lock)
+    # Which browser origins may read the API's answers (llama-server --cors-origins,
+    # comma-separated): its own default is "*" with credentials, so any web page open on the
+    # operator's machine could drive a keyless loopback server; the launcher's default is
+    # loopback origins only.
+    cors_origins: str = setting(
+        CORS_LOOPBACK, "tensorless_cors_origins", "--cors-origins", _cors_origins, access=True
+    )
+    extra_args: tuple[str, ...] = ()
+    allow_draft: bool = False
+    local: bool = False  # this machine: `run` needs no systemd
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None and self.tls_key_file is not None
+
+
+# The settings table, in Options' order: every flag, option and inventory key below comes from it.
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(f.name, default=f.default, **f.metadata[_ROW])
+    for f in fields(Options)
+    if _ROW in f.metadata
+)
+_BY_NAME: Mapping[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def _data_key(name: str) -> str:
+    key = _BY_NAME[name].data_key
+    if key is None:
+        raise KeyError(f"{name}: a setting without an inventory key")
+    return key
+
+
+DATA_PORT = _data_key("port")
+DATA_BIND = _data_key("bind")
+DATA_MODELS_DIR = _data_key("models_dir")
+DATA_ENGINE = _data_key("engine")
+DATA_INSTANCES = _data_key("instances")
+DATA_PORTS = _data_key("ports")
+DATA_API_KEY_FILE = _data_key("api_key_file")
+DATA_INSECURE_OPEN = _data_key("insecure_open")
+DATA_TLS_CERT_FILE = _data_key("tls_cert_file")
+DATA_TLS_KEY_FILE = _data_key("tls_key_file")
+DATA_METRICS = _data_key("metrics")
+DATA_CORS_ORIGINS = _data_key("cors_origins")
+DATA_PIDS_LIMIT = _data_key("pids_limit")
+DATA_HOST_TIMEOUT = _data_key("host_timeout")
+DATA_KEYS: tuple[str, ...] = (
+    *(s.data_key for s in SETTINGS if s.data_key is not None),
+    DATA_GPUS,
+    DATA_TOOLKIT_VERSION,
+    DATA_TOOLKIT_REPO,
+    DATA_TOOLKIT_KEY,
 )
 
 
 @dataclass(frozen=True)
 class Flags:
-    """What the command line said; None: not given."""
+    """What the command line said; None: not given. Its setting fields are Options' own (the
+    import fails when the two disagree: ``bound_to_settings``)."""
 
     port: int | None = None
     bind: str | None = None
@@ -386,33 +442,23 @@ class Flags:
         return setting.flag is not None
 
 
-@dataclass(frozen=True)
-class Options:
-    """What the operator chose for one host, resolved and validated."""
+# Options' and Flags' fields that are not settings: the same in both but for each one's own.
+_NOT_SETTINGS = frozenset({"extra_args", "allow_draft", "local", "flag_names", "offered"})
 
-    port: int = DEFAULT_PORT
-    bind: str = DEFAULT_BIND
-    models_dir: str = DEFAULT_MODELS_DIR
-    engine: EngineChoice = "auto"
-    context: int | None = None  # None: the recipe's own (tuned)
-    instances: Instances = "all"
-    ports: tuple[int, ...] | None = None  # one per instance; None: port + ordinal
-    api_key_file: str | None = None  # on the controller; None: no key (loopback only)
-    insecure_open: bool = False  # a non-loopback bind without a key, on purpose
-    tls_cert_file: str | None = None  # on the controller; both or neither
-    tls_key_file: str | None = None
-    metrics: bool = False  # llama-server --metrics
-    pids_limit: int = DEFAULT_PIDS_LIMIT  # 0: none set by the tool
-    host_timeout: int = DEFAULT_HOST_TIMEOUT_S  # seconds a host may be silent over SSH
-    wait_lock: int = DEFAULT_LOCK_WAIT_S  # seconds to wait for another run's lock on it
-    cors_origins: str = CORS_LOOPBACK  # llama-server --cors-origins, comma-separated
-    extra_args: tuple[str, ...] = ()
-    allow_draft: bool = False
-    local: bool = False  # this machine: `run` needs no systemd
 
-    @property
-    def tls(self) -> bool:
-        return self.tls_cert_file is not None and self.tls_key_file is not None
+def bound_to_settings(cls: type, optional: bool) -> None:
+    """Refuse a class whose setting fields are not exactly the settings table's, in its order
+    (optional: each defaults to None, as Flags' do): a setting added in one place only."""
+    mine = [f for f in fields(cls) if f.name not in _NOT_SETTINGS]
+    names = [f.name for f in mine]
+    if names != [s.name for s in SETTINGS]:
+        raise TypeError(f"{cls.__name__}'s settings {names} are not the table's")
+    if optional and any(f.default is not None for f in mine):
+        raise TypeError(f"{cls.__name__}: a setting not given must be None")
+
+
+bound_to_settings(Options, optional=False)
+bound_to_settings(Flags, optional=True)
 
 
 def _show(value: object) -> str:
@@ -467,25 +513,10 @@ def resolve(
     values = {s.name: _value(s, flags, data, host) for s in SETTINGS}
     _tls_pair(flags, values, host)
     _cors_any(flags, values, host)
+    values["cors_origins"] = ",".join(cors_parts(values["cors_origins"]) or [CORS_LOOPBACK])
+    given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     return Options(
-        port=values["port"],
-        bind=values["bind"],
-        models_dir=values["models_dir"],
-        engine=cast(EngineChoice, values["engine"]),
-        context=values["context"],
-        instances=tuple(values["instances"])
-        if isinstance(values["instances"], list)
-        else values["instances"],
-        ports=tuple(values["ports"]) if values["ports"] is not None else None,
-        api_key_file=values["api_key_file"],
-        insecure_open=values["insecure_open"],
-        tls_cert_file=values["tls_cert_file"],
-        tls_key_file=values["tls_key_file"],
-        metrics=values["metrics"],
-        pids_limit=values["pids_limit"],
-        host_timeout=values["host_timeout"],
-        wait_lock=values["wait_lock"],
-        cors_origins=",".join(cors_parts(values["cors_origins"]) or [CORS_LOOPBACK]),
+        **given,
         extra_args=tuple(flags.extra_args),
         allow_draft=flags.allow_draft,
         local=local,
@@ -517,7 +548,7 @@ def resolve_one(
     """One setting of one host, resolved as ``resolve`` resolves it (for a command that needs
     only that one, e.g. the SSH deadline of a read-only command)."""
     check_flags(flags)
-    return _value(next(s for s in SETTINGS if s.name == name), flags, data, host)
+    return _value(_BY_NAME[name], flags, data, host)
 
 
 def check_data_keys(data: Mapping[str, object], host: str | None) -> None:
@@ -546,7 +577,7 @@ def _cors_any(flags: Flags, values: Mapping[str, Any], host: str | None) -> None
         return
     if values["api_key_file"] is not None or values["insecure_open"]:
         return
-    by_name = {s.name: s for s in SETTINGS}
+    by_name = _BY_NAME
     why = (
         "any web page in a browser that reaches the server could drive it: allow * only with "
         "an API key"
@@ -571,7 +602,7 @@ def _tls_pair(flags: Flags, values: Mapping[str, Any], host: str | None) -> None
     have, lack = (
         ("tls_cert_file", "tls_key_file") if key is None else ("tls_key_file", "tls_cert_file")
     )
-    by_name = {s.name: s for s in SETTINGS}
+    by_name = _BY_NAME
     if getattr(flags, have) is not None:
         raise UsageError(
             f"{flags.spelled(by_name[have])} without {flags.spelled(by_name[lack])}: "
