@@ -766,18 +766,9 @@ def maintenance_check(record: MaintenanceRecord) -> Check:
     )
 
 
-def host_verdict(
-    facts: HostFacts,
-    recipe: Recipe | None,
-    options: Options,
-    catalog: Sequence[tuple[str, Recipe]] = (),
-    existing: Existing = Existing(),
-    ports: Sequence[int] | None = None,
-    root: bool = True,
-) -> Verdict:
-    """Every check, in order. Without a recipe: readiness, and which catalog recipes fit.
-    ports: where the plan serves (default: the option's one port). root: the plan writes units
-    (deploy, serve, doctor): the host's commands must run as root, checked first."""
+def _access_rows(facts: HostFacts, root: bool) -> list[Check]:
+    """access.root first when the plan writes units (root), then each section the survey could
+    not read (an access problem is the access row's, said once)."""
     access = survey_access_check(facts) if root else None
     checks: list[Check] = [access] if access is not None else []
     checks += [
@@ -785,19 +776,24 @@ def host_verdict(
         for p in facts.problems
         if not (access is not None and p.startswith("access:"))
     ]
-    checks += _systemd_check(facts, options)
-    checks += api_check(options, ports)
-    match = None
-    if recipe is not None:
-        refusal = state_refusal(recipe, "run", options.allow_draft)
-        checks.append(
-            Check(
-                "recipe.state",
-                "fail" if refusal else "ok",
-                refusal or f"{recipe.state} recipe",
-                None,
-            )
+    return checks
+
+
+def _recipe_state_rows(recipe: Recipe | None, options: Options) -> list[Check]:
+    """recipe.state: whether the recipe's state lets it run (no recipe: no row)."""
+    if recipe is None:
+        return []
+    refusal = state_refusal(recipe, "run", options.allow_draft)
+    return [
+        Check(
+            "recipe.state", "fail" if refusal else "ok", refusal or f"{recipe.state} recipe", None
         )
+    ]
+
+
+def _driver_rows(facts: HostFacts, recipe: Recipe | None) -> list[Check]:
+    """driver.present, then the driver's branch and module for the cards a ceiling covers;
+    a failed driver row that a branch or module row explains points at it."""
     from tensorless_deploy.decisions import guard
 
     driver = _driver_check(facts)
@@ -816,47 +812,92 @@ def host_verdict(
             f"{driver.evidence}: the driver ignores the card ({explained[0].id}, below)",
             explained[0].fix,
         )
-    checks.append(driver)
-    checks += branch
-    if recipe is not None and facts.gpus.state == "ok":
-        card_checks, match = _card_checks(facts, recipe)
-        checks += card_checks
-    checks += _device_checks(facts)
-    if facts.gpus.state == "ok" and facts.source == "host":
+    return [driver, *branch]
+
+
+def _host_rows(facts: HostFacts, recipe: Recipe | None, match: GpuMatch | None) -> list[Check]:
+    """What only a surveyed host says (not inventory data): the cards' health (the recipe's
+    matching cards, or all), driver.lock, an open maintenance window."""
+    from tensorless_deploy.decisions import guard
+
+    if facts.source != "host":
+        return []
+    checks: list[Check] = []
+    if facts.gpus.state == "ok":
         scope = (
             list(match.usable + match.old_driver) if match is not None else list(facts.gpus.gpus)
         )
         checks += guard.health_checks(facts, scope, all_cards=recipe is None)
-    if facts.source == "host":
-        lock = guard.driver_lock_check(facts)
-        if lock is not None:
-            checks.append(lock)
-        if facts.maintenance is not None:
-            checks.append(maintenance_check(facts.maintenance))
-    engine: EngineName | None = None
+    lock = guard.driver_lock_check(facts)
+    if lock is not None:
+        checks.append(lock)
+    if facts.maintenance is not None:
+        checks.append(maintenance_check(facts.maintenance))
+    return checks
+
+
+def _engine_code_rows(
+    facts: HostFacts, recipe: Recipe | None, match: GpuMatch | None
+) -> list[Check]:
+    """engine.code where a card could take the recipe: a CPU engine says so; a GPU image is
+    judged where its labels were read (on the host, or from its registry by the fleet); one
+    nobody read has no row."""
+    from tensorless_deploy.decisions import guard
+
+    if recipe is None or not (match is None or match.usable or match.old_driver):
+        return []
+    image = recipe.engine.image
+    known = facts.engine_image(image)
+    if recipe.engine.arch != "cpu" and known is None:
+        return []
+    return [
+        guard.engine_code_check(recipe.engine.arch, recipe.card.compute_capability, image, known)
+    ]
+
+
+def _toolkit_rows(
+    facts: HostFacts, engine: EngineName | None, match: GpuMatch | None
+) -> list[Check]:
+    """The container toolkit for the cards the container gets (the recipe's, or all)."""
+    if facts.gpus.state != "ok":
+        return []
+    uuids = match.uuids if match is not None else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)
+    return _toolkit_checks(facts, engine, uuids)
+
+
+def host_verdict(
+    facts: HostFacts,
+    recipe: Recipe | None,
+    options: Options,
+    catalog: Sequence[tuple[str, Recipe]] = (),
+    existing: Existing = Existing(),
+    ports: Sequence[int] | None = None,
+    root: bool = True,
+) -> Verdict:
+    """Every check, in order. Without a recipe: readiness, and which catalog recipes fit.
+    ports: where the plan serves (default: the option's one port). root: the plan writes units
+    (deploy, serve, doctor): the host's commands must run as root, checked first."""
+    checks = _access_rows(facts, root)
+    checks += _systemd_check(facts, options)
+    checks += api_check(options, ports)
+    checks += _recipe_state_rows(recipe, options)
+    checks += _driver_rows(facts, recipe)
+    match = None
+    if recipe is not None and facts.gpus.state == "ok":
+        card_checks, match = _card_checks(facts, recipe)
+        checks += card_checks
+    checks += _device_checks(facts)
+    checks += _host_rows(facts, recipe, match)
+    servable = _servable(facts, recipe, catalog)
     if facts.source == "inventory":
         # offline: inventory data says only what the GPUs are; the rest is unknown, not failed
-        return Verdict(tuple(checks), match, None, _servable(facts, recipe, catalog))
+        return Verdict(tuple(checks), match, None, servable)
     checks += secret_file_checks(options)
     engine_checks, engine = _engine_checks(facts, options)
     checks += engine_checks
-    if recipe is not None and (match is None or match.usable or match.old_driver):
-        # a CPU engine says so; a GPU image is judged where its labels were read (on the host,
-        # or from its registry by the fleet); one nobody read has no row
-        image = recipe.engine.image
-        known = facts.engine_image(image)
-        if recipe.engine.arch == "cpu" or known is not None:
-            checks.append(
-                guard.engine_code_check(
-                    recipe.engine.arch, recipe.card.compute_capability, image, known
-                )
-            )
+    checks += _engine_code_rows(facts, recipe, match)
     checks += _cgroup_check(facts, options)
-    if facts.gpus.state == "ok":
-        uuids = (
-            match.uuids if match is not None else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)
-        )
-        checks += _toolkit_checks(facts, engine, uuids)
+    checks += _toolkit_rows(facts, engine, match)
     checks += _selinux_check(facts)
     if recipe is not None:
         checks += _disk_check(facts, recipe, existing)
@@ -865,7 +906,7 @@ def host_verdict(
     )
     if facts.cpus is not None:
         checks.append(Check("cpu.count", "ok", f"{facts.cpus} CPUs"))
-    return Verdict(tuple(checks), match, engine, _servable(facts, recipe, catalog))
+    return Verdict(tuple(checks), match, engine, servable)
 
 
 def no_card_verdict(

@@ -28,7 +28,15 @@ from tensorless_deploy.decisions.cards import (
 )
 from tensorless_deploy.decisions.checks import Check
 from tensorless_deploy.facts.nvidia import DRIVER_PIN_FILE as PIN_FILE
-from tensorless_deploy.facts.values import CardHealth, EngineImage, Gpu, HostFacts, XidEvent
+from tensorless_deploy.facts.values import (
+    CardHealth,
+    EngineImage,
+    Gpu,
+    HealthReport,
+    HostFacts,
+    KernelLog,
+    XidEvent,
+)
 
 # The kernel-module and engine checks' ids (docs/doctor.md lists each with its fix).
 BRANCH = "driver.branch"
@@ -191,104 +199,125 @@ def _label(card: CardHealth, gpu: Gpu | None) -> str:
     return f"GPU {index} {card.name}"
 
 
-def health_checks(facts: HostFacts, gpus: Sequence[Gpu], all_cards: bool = True) -> list[Check]:
-    """The health of these cards (the recipe's matching cards, or all), one row per reading
-    that is not ok; one ``card.health`` ok row when every reading is. all_cards: an Xid of a
-    card not in ``gpus`` (one fallen off the bus is in no list) counts too."""
-    report = facts.health
-    if report is None or not gpus:
-        return []
-    if report.state == "hung":
-        return []  # gpu.responsive says it (the first nvidia-smi hung too, or will)
-    if report.state != "ok":
-        return [
-            Check(
-                "card.health",
-                "warn",
-                f"nvidia-smi -q -x gave no health ({report.state}, exit {report.exit_code}): "
-                f"{report.message[:200]}",
-                "run nvidia-smi -q -x on the host and fix what it reports",
-            )
-        ]
-    by_uuid = {c.uuid: c for c in report.cards if c.uuid}
-    cards = [(g, by_uuid.get(g.uuid) if g.uuid else None) for g in gpus]
-    log = facts.kernel_log
+# (rule of decisions.cards.HEALTH_RULES, card, what was read): one reading that is not ok
+Note = tuple[str, str, str]
+
+
+def _no_health(report: HealthReport) -> Check:
+    """nvidia-smi -q -x gave no readings (the cards' health is unknown, not failed)."""
+    return Check(
+        "card.health",
+        "warn",
+        f"nvidia-smi -q -x gave no health ({report.state}, exit {report.exit_code}): "
+        f"{report.message[:200]}",
+        "run nvidia-smi -q -x on the host and fix what it reports",
+    )
+
+
+def _xids_by_pci(log: KernelLog | None) -> dict[str | None, list[XidEvent]]:
+    """The kernel log's Xid lines by the card's PCI address (_pci_key)."""
     xids: dict[str | None, list[XidEvent]] = {}
     for x in log.xids if log is not None else ():
         xids.setdefault(_pci_key(x.pci), []).append(x)
-    found: dict[str, list[tuple[str, str]]] = {}  # rule name -> (card, what)
+    return xids
 
-    def note(rule: str, card: str, what: str) -> None:
-        found.setdefault(rule, []).append((card, what))
 
-    summary: list[str] = []
-    for gpu, card in cards:
-        if card is None:
-            note("unread", f"GPU {gpu.index} {gpu.name}", "not in nvidia-smi -q -x")
-            continue
-        name = _label(card, gpu)
-        if card.volatile_dbe:
-            note("double_bit", name, f"{card.volatile_dbe} double-bit ECC error(s) since boot")
-        elif card.aggregate_dbe:
-            note("lifetime_double_bit", name, f"{card.aggregate_dbe} double-bit ECC error(s)")
-        if card.volatile_sbe or card.aggregate_sbe:
-            note(
+def _xid_rule(x: XidEvent) -> str:
+    return "xid_fatal" if x.code in XID_FAIL else "xid"
+
+
+def _ecc_notes(card: CardHealth, name: str) -> list[Note]:
+    """Double-bit errors (since boot, else in its life), single-bit errors, ECC off."""
+    out: list[Note] = []
+    if card.volatile_dbe:
+        out.append(("double_bit", name, f"{card.volatile_dbe} double-bit ECC error(s) since boot"))
+    elif card.aggregate_dbe:
+        out.append(("lifetime_double_bit", name, f"{card.aggregate_dbe} double-bit ECC error(s)"))
+    if card.volatile_sbe or card.aggregate_sbe:
+        out.append(
+            (
                 "single_bit",
                 name,
                 f"{card.volatile_sbe or 0} single-bit ECC error(s) since boot, "
                 f"{card.aggregate_sbe or 0} in its life",
             )
-        if card.ecc_mode == "Disabled":
-            note("ecc_off", name, "ECC is off")
-        if card.retirement_pending or card.remap_failed:
-            what = "pages pending retirement" if card.retirement_pending else "a row remap failed"
-            note("pending", name, f"{what} (until the driver reloads they can be reused)")
-        retired = (card.retired_sbe_pages or 0) + (card.retired_dbe_pages or 0)
-        if retired:
-            note("retired", name, f"{retired} page(s) retired")
-        if card.recovery_action not in (None, "None"):
-            note("recovery", name, f"the driver asks for: {card.recovery_action}")
-        slow = [r for r in card.throttle_active if r in THROTTLE_WARN]
-        if slow:
-            note("throttle", name, "clocks slowed: " + ", ".join(slow))
-        pcie = ""
-        if card.pcie_width and card.pcie_width_max:
-            pcie = (
-                f"PCIe gen{card.pcie_gen} x{card.pcie_width} of "
-                f"gen{card.pcie_gen_max} x{card.pcie_width_max}"
-            )
-            if card.pcie_width < card.pcie_width_max:
-                note("pcie", name, f"link trained at x{card.pcie_width} of x{card.pcie_width_max}")
-            elif (
-                card.pcie_gen
-                and card.pcie_gen_max
-                and card.pcie_gen < card.pcie_gen_max
-                and card.performance_state == "P0"
-            ):
-                # an idle card drops its link speed to save power; at P0 it should not
-                gens = f"gen{card.pcie_gen} of gen{card.pcie_gen_max}"
-                note("pcie", name, f"link at {gens} under load")
-        if card.persistence_mode == "Disabled":
-            note("persistence", name, "persistence mode off")
-        key = _pci_key(card.pci_bus_id)
-        for x in xids.get(key, ()):
-            rule = "xid_fatal" if x.code in XID_FAIL else "xid"
-            why = XID_FAIL.get(x.code, "")
-            note(rule, name, f"Xid {x.code}" + (f" ({why})" if why else "") + f": {x.text[:120]}")
-        summary.append(
-            f"{name}: ECC {_on(card.ecc_mode)}, {pcie or 'PCIe ?'}, persistence mode "
-            f"{_on(card.persistence_mode)}"
         )
-    seen_keys = {_pci_key(c.pci_bus_id) for _, c in cards if c is not None}
-    loose = [x for k, xs in xids.items() if k not in seen_keys for x in xs] if all_cards else []
-    for x in loose:
-        rule = "xid_fatal" if x.code in XID_FAIL else "xid"
-        note(rule, x.pci, f"Xid {x.code}: {x.text[:120]}")
+    if card.ecc_mode == "Disabled":
+        out.append(("ecc_off", name, "ECC is off"))
+    return out
+
+
+def _memory_notes(card: CardHealth, name: str) -> list[Note]:
+    """Pages pending retirement or a failed row remap, pages retired, the driver's recovery
+    action, clocks slowed by a reason that warns."""
+    out: list[Note] = []
+    if card.retirement_pending or card.remap_failed:
+        what = "pages pending retirement" if card.retirement_pending else "a row remap failed"
+        out.append(("pending", name, f"{what} (until the driver reloads they can be reused)"))
+    retired = (card.retired_sbe_pages or 0) + (card.retired_dbe_pages or 0)
+    if retired:
+        out.append(("retired", name, f"{retired} page(s) retired"))
+    if card.recovery_action not in (None, "None"):
+        out.append(("recovery", name, f"the driver asks for: {card.recovery_action}"))
+    slow = [r for r in card.throttle_active if r in THROTTLE_WARN]
+    if slow:
+        out.append(("throttle", name, "clocks slowed: " + ", ".join(slow)))
+    return out
+
+
+def _pcie(card: CardHealth, name: str) -> tuple[str, list[Note]]:
+    """The PCIe link as trained, of its most ("" when not read), and a link narrower than its
+    most, or slower under load."""
+    if not (card.pcie_width and card.pcie_width_max):
+        return "", []
+    link = (
+        f"PCIe gen{card.pcie_gen} x{card.pcie_width} of "
+        f"gen{card.pcie_gen_max} x{card.pcie_width_max}"
+    )
+    if card.pcie_width < card.pcie_width_max:
+        return link, [
+            ("pcie", name, f"link trained at x{card.pcie_width} of x{card.pcie_width_max}")
+        ]
+    if (
+        card.pcie_gen
+        and card.pcie_gen_max
+        and card.pcie_gen < card.pcie_gen_max
+        and card.performance_state == "P0"
+    ):
+        # an idle card drops its link speed to save power; at P0 it should not
+        gens = f"gen{card.pcie_gen} of gen{card.pcie_gen_max}"
+        return link, [("pcie", name, f"link at {gens} under load")]
+    return link, []
+
+
+def _card_notes(card: CardHealth, name: str, xids: Sequence[XidEvent]) -> tuple[list[Note], str]:
+    """Every reading of one card that is not ok, in the order of the rows; and its line of the
+    all-well summary."""
+    pcie, link_notes = _pcie(card, name)
+    notes = [*_ecc_notes(card, name), *_memory_notes(card, name), *link_notes]
+    if card.persistence_mode == "Disabled":
+        notes.append(("persistence", name, "persistence mode off"))
+    for x in xids:
+        why = XID_FAIL.get(x.code, "")
+        what = f"Xid {x.code}" + (f" ({why})" if why else "") + f": {x.text[:120]}"
+        notes.append((_xid_rule(x), name, what))
+    summary = (
+        f"{name}: ECC {_on(card.ecc_mode)}, {pcie or 'PCIe ?'}, persistence mode "
+        f"{_on(card.persistence_mode)}"
+    )
+    return notes, summary
+
+
+def _rows(notes: Sequence[Note]) -> list[Check]:
+    """The cards nvidia-smi -q -x left out first, then one row per check id, its worst rule
+    first (check ids in the order their first reading came)."""
+    found: dict[str, list[tuple[str, str]]] = {}  # rule name -> (card, what)
+    for rule, card, what in notes:
+        found.setdefault(rule, []).append((card, what))
     checks: list[Check] = []
     if "unread" in found:
         unread = "; ".join(f"{c}: {w}" for c, w in found.pop("unread"))
         checks.append(Check("card.health", "warn", unread, "run nvidia-smi -q -x on the host"))
-    # one row per check id, its worst rule first
     by_check: dict[str, list[tuple[HealthRule, str, str]]] = {}
     for rule, noted in found.items():
         r = HEALTH_RULES[rule]
@@ -299,23 +328,50 @@ def health_checks(facts: HostFacts, gpus: Sequence[Gpu], all_cards: bool = True)
         worst = rows[0][0]
         evidence = "; ".join(f"{card_name}: {what}" for _, card_name, what in rows)
         checks.append(Check(check_id, worst.status, evidence, worst.fix))
-    if not checks:
-        xid_note = (
-            "no Xid since boot"
-            if log is not None and log.source is not None
-            else "the kernel log could not be read (Xid unknown)"
-        )
-        checks.append(
-            Check(
-                "card.health",
-                "ok" if log is not None and log.source is not None else "warn",
-                "; ".join(summary) + f"; no ECC errors, no retired or pending pages, {xid_note}",
-                None
-                if log is not None and log.source is not None
-                else "let this login read the kernel log (root, or the systemd-journal group)",
-            )
-        )
     return checks
+
+
+def _all_well(summary: Sequence[str], log: KernelLog | None) -> Check:
+    """The one card.health row when every reading is ok: a warning when the kernel log (the
+    Xid lines) could not be read."""
+    read = log is not None and log.source is not None
+    xid_note = "no Xid since boot" if read else "the kernel log could not be read (Xid unknown)"
+    return Check(
+        "card.health",
+        "ok" if read else "warn",
+        "; ".join(summary) + f"; no ECC errors, no retired or pending pages, {xid_note}",
+        None if read else "let this login read the kernel log (root, or the systemd-journal group)",
+    )
+
+
+def health_checks(facts: HostFacts, gpus: Sequence[Gpu], all_cards: bool = True) -> list[Check]:
+    """The health of these cards (the recipe's matching cards, or all), one row per reading
+    that is not ok; one ``card.health`` ok row when every reading is. all_cards: an Xid of a
+    card not in ``gpus`` (one fallen off the bus is in no list) counts too."""
+    report = facts.health
+    if report is None or not gpus:
+        return []
+    if report.state == "hung":
+        return []  # gpu.responsive says it (the first nvidia-smi hung too, or will)
+    if report.state != "ok":
+        return [_no_health(report)]
+    by_uuid = {c.uuid: c for c in report.cards if c.uuid}
+    cards = [(g, by_uuid.get(g.uuid) if g.uuid else None) for g in gpus]
+    xids = _xids_by_pci(facts.kernel_log)
+    notes: list[Note] = []
+    summary: list[str] = []
+    for gpu, card in cards:
+        if card is None:
+            notes.append(("unread", f"GPU {gpu.index} {gpu.name}", "not in nvidia-smi -q -x"))
+            continue
+        name = _label(card, gpu)
+        card_notes, line = _card_notes(card, name, xids.get(_pci_key(card.pci_bus_id), ()))
+        notes += card_notes
+        summary.append(line)
+    seen_keys = {_pci_key(c.pci_bus_id) for _, c in cards if c is not None}
+    loose = [x for k, xs in xids.items() if k not in seen_keys for x in xs] if all_cards else []
+    notes += [(_xid_rule(x), x.pci, f"Xid {x.code}: {x.text[:120]}") for x in loose]
+    return _rows(notes) or [_all_well(summary, facts.kernel_log)]
 
 
 # --- the engine's code for the card --------------------------------------------------------

@@ -31,7 +31,14 @@ from tensorless_deploy.decisions.device import expected_device
 from tensorless_deploy.decisions.memory import CardFit, fit_card, memory_check, own_bytes
 from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.facts.values import LABEL_MODEL, LABEL_PORT, Gpu, HostFacts, ToolUnit
+from tensorless_deploy.facts.values import (
+    LABEL_MODEL,
+    LABEL_PORT,
+    Gpu,
+    HostFacts,
+    Podman,
+    ToolUnit,
+)
 from tensorless_deploy.gguf.sizing import SizingProblem, Sizings
 from tensorless_deploy.hub import CachePaths, resolve_url
 from tensorless_deploy.launch.container import (
@@ -199,6 +206,14 @@ class Layout:
     instances: tuple[tuple[str, int, Gpu], ...]  # (unit name, port, card)
     problem: str | None = None
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.instances)
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return tuple(port for _, port, _ in self.instances)
+
 
 def instance_name(base: str, ordinal: int) -> str:
     """Instance 0 keeps the recipe's unit name; the others add their ordinal: base-1, base-2."""
@@ -276,6 +291,192 @@ def surplus_units(
     )
 
 
+def _engine(facts: HostFacts, options: Options) -> EngineName:
+    """The engine the plan writes units for: the one pick_engine finds on the host, else the
+    option's (podman unless it says docker)."""
+    picked = pick_engine(facts, options.engine) if facts.engines is not None else None
+    return picked or ("docker" if options.engine == "docker" else "podman")
+
+
+def _memory_fits(
+    entry: Entry,
+    facts: HostFacts,
+    options: Options,
+    usable: Sequence[Gpu],
+    base: str,
+    sizing: Sizings | None,
+) -> tuple[CardFit, ...]:
+    """The memory verdict of every usable card against the recipe's sizing (what the model's
+    own containers hold there counts as free); none when memory is not judged."""
+    if sizing is None or not usable:
+        return ()
+    recipe = entry.recipe
+    sized = sizing.get(entry.path) or SizingProblem("pending", "GGUF header not read")
+    context = options.context if options.context is not None else recipe.run.context
+    own = own_containers(facts, recipe.model.hf_repo, base)
+    return tuple(fit_card(sized, g, context, own_bytes(g, facts.gpu_apps, own)) for g in usable)
+
+
+def _layout_checks(facts: HostFacts, recipe: Recipe, lay: Layout) -> tuple[Check, ...]:
+    """The layout's own rows: why the operator's choice of cards cannot be met, else a unit of
+    the plan's name that serves another model; and with several instances, where each runs."""
+    if lay.problem is not None:
+        return (
+            Check(
+                "instances.cards",
+                "fail",
+                lay.problem,
+                'set tensorless_instances ("all", a count, or GPU indices/UUIDs) and '
+                "tensorless_ports to what this host has",
+            ),
+        )
+    owner = _other_owner(facts, recipe.model.hf_repo, lay.names)
+    out = (owner,) if owner is not None else ()
+    if len(lay.instances) > 1:
+        seen = "; ".join(f"{n} on GPU {g.index} at port {p}" for n, p, g in lay.instances)
+        out = (*out, Check("instances.cards", "ok", seen))
+    return out
+
+
+def _place(
+    entry: Entry, facts: HostFacts, options: Options, base: str, sizing: Sizings | None
+) -> tuple[tuple[CardFit, ...], Layout]:
+    """The memory verdict of every matching card, and the layout of the instances on the cards
+    that hold the model."""
+    recipe = entry.recipe
+    usable = match_gpus(recipe, facts.gpus.gpus).usable if facts.gpus.state == "ok" else ()
+    fits = _memory_fits(entry, facts, options, usable, base, sizing)
+    refused = tuple(f for f in fits if f.fits is False)
+    usable = tuple(g for g in usable if all(f.gpu is not g for f in refused))
+    return fits, layout(usable, base, options, refused) if usable else Layout(())
+
+
+def _plan_verdict(
+    facts: HostFacts,
+    recipe: Recipe,
+    options: Options,
+    paths: CachePaths,
+    base: str,
+    fits: Sequence[CardFit],
+    lay: Layout,
+    units: bool,
+) -> Verdict:
+    """Every check of the host for the recipe, then the memory row and the layout's rows."""
+    # with no instance laid out (no card holds it), the recipe's own unit is still its own
+    existing = existing_on(facts, lay.names or (base,), paths.blob)
+    ports = list(lay.ports) or [options.port]
+    # units are root's: a plan that writes them needs the host's commands to run as root
+    verdict = host_verdict(facts, recipe, options, existing=existing, ports=ports, root=units)
+    memory = memory_check(fits)
+    extra = (*((memory,) if memory is not None else ()), *_layout_checks(facts, recipe, lay))
+    if not extra:
+        return verdict
+    return dataclasses.replace(verdict, checks=(*verdict.checks, *extra))
+
+
+@dataclass(frozen=True)
+class _Writer:
+    """How this host's units are written: the engine, its binary, quadlet or a service, and
+    the keys the host's podman and systemd take."""
+
+    engine: EngineName
+    binary: str
+    podman: Podman | None
+    quadlet: bool  # a podman whose quadlet has every key the units need (facts.values)
+    heal: bool  # podman's HealthOnFailure
+    backoff: bool  # RestartSteps= (an older systemd would warn of an unknown key)
+
+
+def _writer(facts: HostFacts, engine: EngineName, units: bool) -> _Writer:
+    podman = facts.engines.podman if facts.engines is not None else None
+    version = podman.version if podman is not None else None
+    systemd = facts.init.systemd_version if facts.init is not None else None
+    return _Writer(
+        engine=engine,
+        binary=engine_bin(facts, engine),
+        podman=podman,
+        quadlet=units and engine == "podman" and podman is not None and podman.quadlet_supported,
+        heal=engine == "podman" and (version is None or version >= HEALTH_ON_FAILURE_MIN_PODMAN),
+        backoff=systemd is not None and systemd >= RESTART_STEPS_MIN_SYSTEMD,
+    )
+
+
+def _spec(
+    recipe: Recipe,
+    facts: HostFacts,
+    options: Options,
+    writer: _Writer,
+    paths: CachePaths,
+    slot: tuple[str, int, Gpu],
+    secrets_root: str,
+) -> LaunchSpec:
+    """The launch spec of one laid-out instance (unit name, port, card)."""
+    name, port, gpu = slot
+    gpus = (gpu,)
+    return build_launch_spec(
+        recipe,
+        engine=writer.engine,
+        model_path=paths.blob,
+        gpu_uuids=[g.uuid for g in gpus if g.uuid is not None],
+        cpus=facts.cpus,
+        port=port,
+        bind=options.bind,
+        context=options.context,
+        extra_args=options.extra_args,
+        name=name,
+        api_key=options.api_key_file is not None,
+        tls=options.tls,
+        metrics=options.metrics,
+        pids_limit=options.pids_limit,
+        heal=writer.heal,
+        secrets_root=secrets_root,
+        device=expected_device(recipe.engine.arch, gpus),
+        cors_origins=options.cors_origins,
+    )
+
+
+def _unit(spec: LaunchSpec, digest: str, writer: _Writer) -> UnitFile:
+    """The unit file of one instance: a quadlet where the host's podman takes one, else a
+    service; raises TensorlessError when this host's values cannot make a safe unit."""
+    if writer.quadlet and writer.podman is not None:
+        return render_quadlet(
+            spec,
+            digest=digest,
+            notify_healthy=writer.podman.notify_healthy_supported,
+            restart_backoff=writer.backoff,
+        )
+    return render_service(
+        spec, digest=digest, engine_bin=writer.binary, restart_backoff=writer.backoff
+    )
+
+
+def _instances(
+    entry: Entry,
+    facts: HostFacts,
+    options: Options,
+    writer: _Writer,
+    paths: CachePaths,
+    lay: Layout,
+    *,
+    units: bool,
+    secrets_root: str,
+) -> tuple[tuple[Instance, ...], str | None]:
+    """Every laid-out instance with its spec and (units) its unit file; and the problem of the
+    last unit that could not be written safely, if any."""
+    instances: list[Instance] = []
+    problem: str | None = None
+    for ordinal, slot in enumerate(lay.instances):
+        spec = _spec(entry.recipe, facts, options, writer, paths, slot, secrets_root)
+        unit: UnitFile | None = None
+        if units:
+            try:
+                unit = _unit(spec, entry.digest, writer)
+            except TensorlessError as exc:  # this host's values cannot make a safe unit
+                problem = exc.message
+        instances.append(Instance(ordinal, (slot[2],), spec, unit))
+    return tuple(instances), problem
+
+
 def plan_host(
     host: str,
     facts: HostFacts,
@@ -305,114 +506,28 @@ def plan_host(
     recipe = entry.recipe
     m = recipe.model
     paths = model_paths(options.models_dir, recipe)
-    usable = match_gpus(recipe, facts.gpus.gpus).usable if facts.gpus.state == "ok" else ()
-    picked = pick_engine(facts, options.engine) if facts.engines is not None else None
-    engine: EngineName = picked or ("docker" if options.engine == "docker" else "podman")
     base = name or unit_name(recipe)
-    fits: tuple[CardFit, ...] = ()
-    if sizing is not None and usable:
-        sized = sizing.get(entry.path) or SizingProblem("pending", "GGUF header not read")
-        context = options.context if options.context is not None else recipe.run.context
-        own = own_containers(facts, m.hf_repo, base)
-        fits = tuple(fit_card(sized, g, context, own_bytes(g, facts.gpu_apps, own)) for g in usable)
-        refused = tuple(f for f in fits if f.fits is False)
-        usable = tuple(g for g in usable if all(f.gpu is not g for f in refused))
-    else:
-        refused = ()
-    lay = layout(usable, base, options, refused) if usable else Layout(())
-    names = [name for name, _, _ in lay.instances]
-    # with no instance laid out (no card holds it), the recipe's own unit is still its own
-    existing = existing_on(facts, names or [base], paths.blob)
-    ports = [port for _, port, _ in lay.instances] or [options.port]
-    # units are root's: a plan that writes them needs the host's commands to run as root
-    verdict = host_verdict(facts, recipe, options, existing=existing, ports=ports, root=units)
-    memory = memory_check(fits)
-    if memory is not None:
-        verdict = dataclasses.replace(verdict, checks=(*verdict.checks, memory))
-    if lay.problem is not None:
-        verdict = dataclasses.replace(
-            verdict,
-            checks=(
-                *verdict.checks,
-                Check(
-                    "instances.cards",
-                    "fail",
-                    lay.problem,
-                    'set tensorless_instances ("all", a count, or GPU indices/UUIDs) and '
-                    "tensorless_ports to what this host has",
-                ),
-            ),
-        )
-    elif (owner := _other_owner(facts, m.hf_repo, names)) is not None:
-        verdict = dataclasses.replace(verdict, checks=(*verdict.checks, owner))
-    if lay.problem is None and len(lay.instances) > 1:
-        seen = "; ".join(f"{n} on GPU {g.index} at port {p}" for n, p, g in lay.instances)
-        verdict = dataclasses.replace(
-            verdict, checks=(*verdict.checks, Check("instances.cards", "ok", seen))
-        )
-    binary = engine_bin(facts, engine)
-    podman = facts.engines.podman if facts.engines is not None else None
-    version = podman.version if podman is not None else None
-    # quadlet_supported: a podman whose quadlet has every key the units need (facts.values)
-    quadlet = units and engine == "podman" and podman is not None and podman.quadlet_supported
-    heal = engine == "podman" and (version is None or version >= HEALTH_ON_FAILURE_MIN_PODMAN)
-    # RestartSteps= where the host's systemd has it (an older one would warn of an unknown key)
-    systemd = facts.init.systemd_version if facts.init is not None else None
-    backoff = systemd is not None and systemd >= RESTART_STEPS_MIN_SYSTEMD
-    instances: list[Instance] = []
-    problem: str | None = None
-    for ordinal, (name, port, gpu) in enumerate(lay.instances):
-        gpus = (gpu,)
-        spec = build_launch_spec(
-            recipe,
-            engine=engine,
-            model_path=paths.blob,
-            gpu_uuids=[g.uuid for g in gpus if g.uuid is not None],
-            cpus=facts.cpus,
-            port=port,
-            bind=options.bind,
-            context=options.context,
-            extra_args=options.extra_args,
-            name=name,
-            api_key=options.api_key_file is not None,
-            tls=options.tls,
-            metrics=options.metrics,
-            pids_limit=options.pids_limit,
-            heal=heal,
-            secrets_root=secrets_root,
-            device=expected_device(recipe.engine.arch, gpus),
-            cors_origins=options.cors_origins,
-        )
-        unit: UnitFile | None = None
-        if units:
-            try:
-                if quadlet and podman is not None:
-                    unit = render_quadlet(
-                        spec,
-                        digest=entry.digest,
-                        notify_healthy=podman.notify_healthy_supported,
-                        restart_backoff=backoff,
-                    )
-                else:
-                    unit = render_service(
-                        spec, digest=entry.digest, engine_bin=binary, restart_backoff=backoff
-                    )
-            except TensorlessError as exc:  # this host's values cannot make a safe unit
-                problem = exc.message
-        instances.append(Instance(ordinal, gpus, spec, unit))
+    fits, lay = _place(entry, facts, options, base, sizing)
+    verdict = _plan_verdict(facts, recipe, options, paths, base, fits, lay, units)
+    writer = _writer(facts, _engine(facts, options), units)
+    instances, problem = _instances(
+        entry, facts, options, writer, paths, lay, units=units, secrets_root=secrets_root
+    )
     return HostPlan(
         host=host,
         model=model,
         options=options,
         entry=entry,
         verdict=verdict,
-        instances=tuple(instances),
+        instances=instances,
         paths=paths,
         url=resolve_url(m.hf_repo, m.revision, m.file),
-        engine_bin=binary,
-        quadlet_bin=podman.quadlet_path if quadlet and podman is not None else None,
+        engine_bin=writer.binary,
+        quadlet_bin=(
+            writer.podman.quadlet_path if writer.quadlet and writer.podman is not None else None
+        ),
         problem=problem,
-        surplus=surplus_units(facts, base, names, m.hf_repo) if lay.problem is None else (),
+        surplus=surplus_units(facts, base, lay.names, m.hf_repo) if lay.problem is None else (),
         fits=fits,
     )
 

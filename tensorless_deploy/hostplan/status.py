@@ -186,16 +186,16 @@ def _state(u: DeployedUnit) -> State:
     return "unhealthy"
 
 
-def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> UnitStatus:
-    """One unit against the host plan of its model (None: its model is not in the catalog,
-    or it carries no model label)."""
-    labels = u.container_labels or u.unit_labels
-    model, card = u.unit_labels.get(LABEL_MODEL), u.unit_labels.get(LABEL_CARD)
+def _address(labels: dict[str, str]) -> str | None:
+    """Where the unit serves, from its port and bind labels (None: no port label)."""
     port = labels.get(LABEL_PORT, "")
-    where = address(labels.get(LABEL_BIND) or DEFAULT_BIND, int(port)) if port.isdigit() else None
-    running = u.container_labels.get(LABEL_RECIPE_DIGEST)
-    written = u.unit_labels.get(LABEL_RECIPE_DIGEST)
-    tuned = labels.get(LABEL_TUNED)
+    return address(labels.get(LABEL_BIND) or DEFAULT_BIND, int(port)) if port.isdigit() else None
+
+
+def _host_drift(u: DeployedUnit) -> list[FieldDrift]:
+    """How the unit drifted on the host itself: edited by hand, a container started from
+    another recipe than its unit file says (a restart pending), or an active service with no
+    container."""
     found: list[FieldDrift] = []
     if u.edited:
         found.append(
@@ -205,6 +205,8 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
                 f"as tensorless-deploy wrote it (sha256 {str(u.written_sha256)[:12]})",
             )
         )
+    running = u.container_labels.get(LABEL_RECIPE_DIGEST)
+    written = u.unit_labels.get(LABEL_RECIPE_DIGEST)
     if running and written and running != written:
         found.append(
             FieldDrift(
@@ -215,39 +217,74 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
         )
     if u.container_labels == {} and u.active == "active":
         found.append(FieldDrift("container", "none found", "the service is active"))
+    return found
+
+
+def _unplanned_drift(u: DeployedUnit, in_catalog: bool) -> list[FieldDrift]:
+    """No plan for the unit's model: a model label the catalog does not have is drift."""
+    model, card = u.unit_labels.get(LABEL_MODEL), u.unit_labels.get(LABEL_CARD)
+    if model and not in_catalog:
+        return [FieldDrift("recipe", f"{model} on {card}", "not in the catalog")]
+    return []
+
+
+def _plan_drift(u: DeployedUnit, plan: HostPlan) -> list[FieldDrift]:
+    """How the unit differs from the plan's instance of its name: not planned now, the unit
+    file field by field, the image."""
+    inst = next((i for i in plan.instances if i.name == u.name), None)
+    if plan.recipe is None or inst is None or inst.unit is None:
+        why = plan.why() if not plan.ok else "not one of the plan's instances"
+        return [FieldDrift("instance", "deployed", f"not planned now: {why}")]
+    found: list[FieldDrift] = []
+    wanted = inst.unit
+    if wanted.content != u.text:
+        fields = drift(
+            read_unit(u.path, u.text),
+            read_unit(wanted.path, wanted.content),
+            u.text,
+            wanted.content,
+        )
+        # an edit by hand is already said; the fields say what it changed
+        found += [d for d in fields if not (u.edited and d.field == "unit")]
+    if u.image and u.image != plan.recipe.engine.image:
+        found.append(FieldDrift("image", u.image, plan.recipe.engine.image))
+    return found
+
+
+def _device_drift(u: DeployedUnit, where_on: DeviceVerdict | None) -> list[FieldDrift]:
+    """A running unit whose start log says it is not on the device its label names."""
+    if where_on is None or where_on.ok:
+        return []
+    label = u.unit_labels.get(LABEL_DEVICE, "?")
+    return [FieldDrift("device", f"{where_on.device}: {where_on.why}", f"on {label}")]
+
+
+def _engine_code(plan: HostPlan | None) -> Check | None:
+    """The plan's engine.code row (None: no plan, or no such row)."""
     if plan is None:
-        if model and not in_catalog:
-            found.append(FieldDrift("recipe", f"{model} on {card}", "not in the catalog"))
-    else:
-        inst = next((i for i in plan.instances if i.name == u.name), None)
-        if plan.recipe is None or inst is None or inst.unit is None:
-            why = plan.why() if not plan.ok else "not one of the plan's instances"
-            found.append(FieldDrift("instance", "deployed", f"not planned now: {why}"))
-        else:
-            wanted = inst.unit
-            if wanted.content != u.text:
-                fields = drift(
-                    read_unit(u.path, u.text),
-                    read_unit(wanted.path, wanted.content),
-                    u.text,
-                    wanted.content,
-                )
-                # an edit by hand is already said; the fields say what it changed
-                found += [d for d in fields if not (u.edited and d.field == "unit")]
-            if u.image and u.image != plan.recipe.engine.image:
-                found.append(FieldDrift("image", u.image, plan.recipe.engine.image))
+        return None
+    return next((c for c in plan.verdict.checks if c.id == "engine.code"), None)
+
+
+def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> UnitStatus:
+    """One unit against the host plan of its model (None: its model is not in the catalog,
+    or it carries no model label)."""
+    labels = u.container_labels or u.unit_labels
+    running = u.container_labels.get(LABEL_RECIPE_DIGEST)
+    written = u.unit_labels.get(LABEL_RECIPE_DIGEST)
+    tuned = labels.get(LABEL_TUNED)
+    found = _host_drift(u)
+    found += _unplanned_drift(u, in_catalog) if plan is None else _plan_drift(u, plan)
     state = _state(u)
     now, unread = load(u)
     where_on = device_of(u)
-    if where_on is not None and not where_on.ok:
-        label = u.unit_labels.get(LABEL_DEVICE, "?")
-        found.append(FieldDrift("device", f"{where_on.device}: {where_on.why}", f"on {label}"))
+    found += _device_drift(u, where_on)
     return UnitStatus(
         unit=u.name,
         kind=u.kind,
-        model=model,
-        card=card,
-        address=where,
+        model=u.unit_labels.get(LABEL_MODEL),
+        card=u.unit_labels.get(LABEL_CARD),
+        address=_address(labels),
         active=u.active,
         state=state,
         healthy=state == "serving",
@@ -259,9 +296,7 @@ def unit_status(u: DeployedUnit, plan: HostPlan | None, in_catalog: bool) -> Uni
         rollback=u.previous_sha256 is not None,
         load=now,
         load_error=unread,
-        engine_code=next((c for c in plan.verdict.checks if c.id == "engine.code"), None)
-        if plan is not None
-        else None,
+        engine_code=_engine_code(plan),
         device=where_on.device if where_on is not None else None,
     )
 
