@@ -21,7 +21,7 @@ from tensorless_deploy.cli.output import emit_json, paint, table
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
-    from tensorless_deploy.fleet.deploy import HostResult
+    from tensorless_deploy.fleet.runner import HostResult
 
 STATE_COLOURS = {"serving": "32", "loading": "33"}
 

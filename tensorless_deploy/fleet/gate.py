@@ -235,7 +235,7 @@ def _choose(
 
 def _fetch(state: Any, host: Any, surveyed: Any, sp: ScratchPlan, request: GateRequest) -> None:
     """The image by digest and the verified model, exactly as deploy fetches them."""
-    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.image import image
     from tensorless_deploy.operations.model import model
 

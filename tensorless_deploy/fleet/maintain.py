@@ -22,10 +22,9 @@ from tensorless_deploy.decisions.checks import Check
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.maintain import MAINTENANCE_RECORD
 from tensorless_deploy.facts.values import DeployedUnit, HostFacts, MaintenanceRecord
-from tensorless_deploy.fleet.apply import Step, apply_steps
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_and_size
-from tensorless_deploy.fleet.deploy import StepResult
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.fleet.runner import Step, StepResult, apply_steps
 from tensorless_deploy.fleet.status import start_timeout
 from tensorless_deploy.hostplan.doctor import host_report
 from tensorless_deploy.hostplan.maintain import (

@@ -22,8 +22,8 @@ from tensorless_deploy.fleet.connect import (
     on_each_host,
     require_root,
 )
-from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.fleet.runner import HostResult
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.hostplan.status import (
     UnitStatus,
@@ -250,7 +250,7 @@ def stop(
     """Stop and remove the model's units on every host (every card's, every instance's): found
     on the host by their model label, so a unit whose recipe left the catalog goes too; with
     purge, the model files of the catalog's recipes for it as well."""
-    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.unit import removed
 
     entries = catalog.find(model) if purge else catalog.find_or_none(model)
@@ -324,7 +324,7 @@ def rollback(
 ) -> list[HostResult]:
     """Bring back, on every host, the previous unit kept for each of the model's units,
     health-gated; a unit with no previous one kept fails that host (nothing to go back to)."""
-    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.unit import rolled_back
 
     entries = catalog.find_or_none(model)
