@@ -24,7 +24,7 @@ from tensorless_deploy.decisions.checks import access_check, check_line, survey_
 from tensorless_deploy.decisions.options import Flags, resolve_one
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import HostFacts
-from tensorless_deploy.fleet.channel import executor_arguments
+from tensorless_deploy.fleet.channel import executor_arguments, ssh_transport
 from tensorless_deploy.fleet.inventory import host_data, options_for
 from tensorless_deploy.fleet.lock import (
     CANNOT_LOCK,
@@ -191,8 +191,6 @@ def _keepalive(host: Any, watch: Watch) -> None:
     """While the connection is up: an SSH keepalive every few seconds, each to be answered
     within the deadline; one that is not gives the host up and closes its connection."""
     import gevent
-
-    from tensorless_deploy.fleet.channel import ssh_transport
 
     transport = ssh_transport(host)
     if transport is None:
@@ -478,7 +476,7 @@ def run_script(
 def loopback(host: Any, bind: str, port: int) -> Callable[[], Any]:
     """Opens an SSH direct-tcpip channel to bind:port as the connected host itself sees it
     (its own loopback): an API that never listens beyond 127.0.0.1, reached from here."""
-    transport = host.connector.client.get_transport()
+    transport = ssh_transport(host)
 
     def channel() -> Any:
         return transport.open_channel("direct-tcpip", (bind, port), ("127.0.0.1", 0), timeout=10)
