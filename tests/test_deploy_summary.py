@@ -5,7 +5,7 @@ tests/test_docs_hosts.py."""
 from __future__ import annotations
 
 from tensorless_deploy.cli.deploy import RESTORED, after_run, serving_after, summary
-from tensorless_deploy.fleet.deploy import HostResult, Outcome, StepResult
+from tensorless_deploy.fleet.runner import HostResult, Outcome, StepResult
 
 DIGEST = "sha256:" + "ab" * 32
 

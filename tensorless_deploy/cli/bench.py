@@ -12,11 +12,8 @@ from tensorless_deploy.cli.output import emit_json, paint
 from tensorless_deploy.errors import UsageError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from tensorless_deploy.cli import Command
-    from tensorless_deploy.facts.values import DeployedUnit
-    from tensorless_deploy.local.bench import Connect, Summary
+    from tensorless_deploy.local.bench import Summary
     from tensorless_deploy.recipe.catalog import Entry
 
 
@@ -101,6 +98,10 @@ def print_bench_result(res: dict[str, Any]) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.status import BenchTarget, bench_targets
     from tensorless_deploy.local.bench import (
         BenchError,
         measure,
@@ -119,14 +120,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     if entry is None:
         raise UsageError(f"{args.model}: no recipe for card {args.card!r}")
-    targets: list[Target] = []
-    cleanup: list[Any] = []
+    targets: list[BenchTarget]
     results: list[dict[str, Any]] = []
     failed: list[str] = []
-    try:
+    with ExitStack() as stack:
         if args.inventory:
             # each unit judged by the recipe of its own card (--card: only that card's units)
-            targets = inventory_targets(args, entries, cleanup, failed)
+            inventory = load_inventory(args.inventory, False)
+            hosts = select_hosts(inventory, args.limit or [])
+            targets, refused = stack.enter_context(
+                bench_targets(inventory, hosts, entries, args.card)
+            )
+            failed += refused
         else:
             host, port, secure = (
                 _target_url(args.url) if args.url else ("127.0.0.1", args.port, False)
@@ -153,9 +158,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         summary, entry.recipe.engine.image, entry.recipe.card.id, date, tuned
                     )
                 )
-    finally:
-        for close in cleanup:
-            close()
     if args.json:
         emit_json(
             {
@@ -172,76 +174,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if failed:
         return 1
     return 0 if all(c["meets"] for r in results for c in r["comparisons"]) else 1
-
-
-# what to measure: its name, how to reach it, its tuned label, the API key, the recipe to judge by
-Target = tuple[str, "Connect", "bool | None", Any, "Entry"]
-
-
-def inventory_targets(
-    args: argparse.Namespace, entries: Sequence[Entry], cleanup: list[Any], failed: list[str]
-) -> list[Target]:
-    """One target per unit of the model on each host (with --card, of that card), each judged
-    by the recipe of the card its labels name (fleet.status.unit_recipe; a unit of a card the
-    catalog has no recipe for is refused, not compared), each reached through an SSH
-    direct-tcpip channel to the host's own 127.0.0.1 (or its bind address): the API never has
-    to listen on the network."""
-    from tensorless_deploy.decisions.options import DEFAULT_BIND, Flags, address, reach_host
-    from tensorless_deploy.facts.pyinfra import DeployedUnits
-    from tensorless_deploy.facts.values import LABEL_BIND, LABEL_PORT, LABEL_TUNED
-    from tensorless_deploy.fleet.connect import disconnect, loopback, new_state, on_each_host
-    from tensorless_deploy.fleet.inventory import load_inventory, options_for, select_hosts
-    from tensorless_deploy.fleet.status import model_units, unit_recipe
-    from tensorless_deploy.launch.spec import LABEL_TLS
-    from tensorless_deploy.local.bench import over_channel, tls_context
-    from tensorless_deploy.recipe.catalog import unit_name
-
-    inventory = load_inventory(args.inventory, False)
-    hosts = select_hosts(inventory, args.limit or [])
-    state = new_state(inventory)
-    found = on_each_host(
-        state, hosts, lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)), keep_connected=True
-    )
-    cleanup.append(lambda: disconnect(hosts))
-    chosen = [e for e in entries if not args.card or e.recipe.card.id == args.card]
-    want = " or ".join(unit_name(e.recipe) for e in chosen)
-    targets: list[Target] = []
-    for host, units in zip(hosts, found, strict=True):
-        if isinstance(units, str):
-            failed.append(f"{host.name}: {units}")
-            continue
-        # the key the host was given (tensorless_api_key_file), read here, sent by this client
-        options = options_for(host, Flags())
-        key = _key_from(options.api_key_file, f"{host.name}: tensorless_api_key_file")
-        instances: list[tuple[DeployedUnit, Entry]] = []
-        refused: list[str] = []
-        for unit in model_units(units, entries):  # every card's, every instance's
-            judged = unit_recipe(unit, entries)
-            if isinstance(judged, str):
-                refused.append(f"{host.name}: {judged}")
-            elif judged in chosen:
-                instances.append((unit, judged))
-        failed.extend(refused)
-        if not instances:
-            if not refused:
-                failed.append(f"{host.name}: {want} is not deployed here")
-            continue
-        for unit, entry in instances:
-            labels = unit.container_labels or unit.unit_labels
-            port_text = labels.get(LABEL_PORT, "")
-            if not port_text.isdigit():
-                failed.append(f"{host.name}: {unit.name} carries no {LABEL_PORT} label")
-                continue
-            port = int(port_text)
-            bind = reach_host(labels.get(LABEL_BIND, DEFAULT_BIND))
-            tuned = {"true": True, "false": False}.get(labels.get(LABEL_TUNED, ""))
-            # https inside the SSH channel: the host key vouches for the other end, and the
-            # certificate names the host, not its loopback
-            tls = tls_context(verify=False) if labels.get(LABEL_TLS) == "true" else None
-            where = f"{host.name} {unit.name} ({address(bind, port)} over ssh)"
-            reach = over_channel(loopback(host, bind, port), tls)
-            targets.append((where, reach, tuned, key, entry))
-    return targets
 
 
 def register(command: Command) -> None:

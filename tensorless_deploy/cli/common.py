@@ -16,7 +16,7 @@ from tensorless_deploy.errors import TensorlessError
 if TYPE_CHECKING:
     from tensorless_deploy.decisions.checks import Check
     from tensorless_deploy.decisions.options import Flags, Instances
-    from tensorless_deploy.fleet.deploy import HostResult
+    from tensorless_deploy.fleet.runner import HostResult
     from tensorless_deploy.recipe import Catalog
 
 COLOURS = {

@@ -25,7 +25,7 @@ from tensorless_deploy.errors import UsageError
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
-    from tensorless_deploy.fleet.deploy import HostResult
+    from tensorless_deploy.fleet.runner import HostResult
 
 
 RESTORED = "restored the previous unit; it is healthy again"  # operations/scripts/unit-activate.sh

@@ -100,7 +100,9 @@ def _bench(
     args: argparse.Namespace, results: list[MaintainResult], catalog: Any
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Every unit started again, measured against its recipe's receipt (bench -i's way)."""
-    from tensorless_deploy.cli.bench import bench_result, inventory_targets
+    from tensorless_deploy.cli.bench import bench_result
+    from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.status import bench_targets
     from tensorless_deploy.local.bench import BenchError, measure, summarise
 
     wanted: dict[tuple[str, str], list[str]] = {}
@@ -119,22 +121,18 @@ def _bench(
         if not any(e.recipe.card.id == card for e in entries):
             failed.append(f"{', '.join(hosts)}: {model} ({card}) is not in the catalog: no receipt")
             continue
-        cleanup: list[Any] = []
-        # the card's own units, each judged by its card's recipe (bench's inventory_targets)
-        where = argparse.Namespace(inventory=args.inventory, limit=hosts, card=card)
-        try:
-            for name, connect, tuned, key, entry in inventory_targets(
-                where, entries, cleanup, failed
-            ):
+        # the card's own units, each judged by its card's recipe (bench -i's targets)
+        inventory = load_inventory(args.inventory, False)
+        chosen = select_hosts(inventory, hosts)
+        with bench_targets(inventory, chosen, entries, card) as (targets, refused):
+            failed += refused
+            for name, connect, tuned, key, entry in targets:
                 try:
                     summary = summarise(measure(connect, args.runs, api_key=key))
                 except BenchError as exc:
                     failed.append(f"{name}: {exc.lines()[0]}")
                     continue
                 benched.append(bench_result(name, entry, summary, tuned, args))
-        finally:
-            for close in cleanup:
-                close()
     return benched, failed
 
 

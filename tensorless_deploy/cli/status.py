@@ -21,7 +21,9 @@ from tensorless_deploy.cli.output import emit_json, paint, table
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
-    from tensorless_deploy.fleet.deploy import HostResult
+    from tensorless_deploy.fleet.runner import HostResult
+    from tensorless_deploy.fleet.status import HostStatus
+    from tensorless_deploy.hostplan.status import UnitStatus
 
 STATE_COLOURS = {"serving": "32", "loading": "33"}
 
@@ -34,10 +36,24 @@ def _hosts(args: argparse.Namespace) -> tuple[Any, list[Any]]:
     return inventory, select_hosts(inventory, args.limit or [])
 
 
+STATUS_HEAD = [
+    "HOST",
+    "UNIT",
+    "ADDRESS",
+    "STATE",
+    "DEVICE",
+    "TUNING",
+    "RECIPE",
+    "CODE",
+    "LOAD",
+    "CARDS",
+    "DRIFT",
+]
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from tensorless_deploy.fleet.status import fleet_status
-    from tensorless_deploy.hostplan.doctor import check_json
-    from tensorless_deploy.hostplan.status import cards_word, exit_code
+    from tensorless_deploy.hostplan.status import exit_code
 
     catalog = catalog_from(args)
     inventory, hosts = _hosts(args)
@@ -48,70 +64,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         any(h.error for h in report), units, any(h.cards_fail for h in report), bool(idle)
     )
     if args.json:
-        emit_json(
-            {
-                "ok": code == 0,
-                "exit_code": code,
-                "hosts": [
-                    {
-                        "host": h.host,
-                        "state": h.state,
-                        "error": h.error,
-                        "cards": [check_json(c) for c in h.cards],
-                        "units": [u.json() for u in h.units],
-                    }
-                    for h in report
-                ],
-            }
-        )
+        emit_json(_status_json(report, code))
         return code
-    rows = []
-    for h in report:
-        if h.error:
-            rows.append(
-                [h.host, paint(h.state, "1;31"), "-", "-", "-", "-", "-", "-", "-", "-", h.error]
-            )
-            continue
-        cards = cards_word(h.cards)
-        cards = cards if cards in ("ok", "-") else paint(cards, "1;31" if h.cards_fail else "33")
-        if not h.units:
-            rows.append([h.host, paint(h.state, "33"), "", "", "", "", "", "", "", cards, ""])
-        for u in h.units:
-            state = paint(u.state, STATE_COLOURS.get(u.state, "1;31"))
-            if u.state == "crash loop" and u.restarts:
-                state += f" ({u.restarts} restart{'s' * (u.restarts > 1)})"
-            tuned = {True: "tuned", False: paint("untuned", "33"), None: "-"}[u.tuned]
-            drift = "; ".join(f"{d.field}: {d.deployed} -> {d.wanted}" for d in u.drift)
-            rows.append(
-                [
-                    h.host,
-                    f"{u.unit} ({u.model or '?'} on {u.card or '?'})",
-                    u.address or "-",
-                    state,
-                    u.device or "-",
-                    tuned,
-                    (u.recipe_digest or "-")[:19],
-                    u.code
-                    if u.code in ("cpu", "-") or u.code.startswith("sm_")
-                    else paint(u.code, "1;31"),
-                    u.load.text() if u.load else paint(u.load_error, "33") if u.load_error else "-",
-                    cards,
-                    drift or "no drift",
-                ]
-            )
-    head = [
-        "HOST",
-        "UNIT",
-        "ADDRESS",
-        "STATE",
-        "DEVICE",
-        "TUNING",
-        "RECIPE",
-        "CODE",
-        "LOAD",
-        "CARDS",
-        "DRIFT",
-    ]
+    rows = [row for h in report for row in _host_rows(h)]
+    head = list(STATUS_HEAD)
     if not any(u.load or u.load_error for u in units):  # no unit serves /metrics: no column
         at = head.index("LOAD")
         head.remove("LOAD")
@@ -127,6 +83,61 @@ def cmd_status(args: argparse.Namespace) -> int:
         word = "a card fails its health checks"
     print(f"status: {word} (exit {code})", file=sys.stderr)
     return code
+
+
+def _status_json(report: list[HostStatus], code: int) -> dict[str, Any]:
+    from tensorless_deploy.hostplan.doctor import check_json
+
+    return {
+        "ok": code == 0,
+        "exit_code": code,
+        "hosts": [
+            {
+                "host": h.host,
+                "state": h.state,
+                "error": h.error,
+                "cards": [check_json(c) for c in h.cards],
+                "units": [u.json() for u in h.units],
+            }
+            for h in report
+        ],
+    }
+
+
+def _host_rows(h: HostStatus) -> list[list[str]]:
+    """One host's rows of the status table: one per unit, else one saying why there is none."""
+    from tensorless_deploy.hostplan.status import cards_word
+
+    if h.error:
+        return [[h.host, paint(h.state, "1;31"), "-", "-", "-", "-", "-", "-", "-", "-", h.error]]
+    cards = cards_word(h.cards)
+    cards = cards if cards in ("ok", "-") else paint(cards, "1;31" if h.cards_fail else "33")
+    if not h.units:
+        return [[h.host, paint(h.state, "33"), "", "", "", "", "", "", "", cards, ""]]
+    return [_unit_row(h.host, u, cards) for u in h.units]
+
+
+def _unit_row(host: str, u: UnitStatus, cards: str) -> list[str]:
+    state = paint(u.state, STATE_COLOURS.get(u.state, "1;31"))
+    if u.state == "crash loop" and u.restarts:
+        state += f" ({u.restarts} restart{'s' * (u.restarts > 1)})"
+    tuned = {True: "tuned", False: paint("untuned", "33"), None: "-"}[u.tuned]
+    drift = "; ".join(f"{d.field}: {d.deployed} -> {d.wanted}" for d in u.drift)
+    code = u.code if u.code in ("cpu", "-") or u.code.startswith("sm_") else paint(u.code, "1;31")
+    load = u.load.text() if u.load else paint(u.load_error, "33") if u.load_error else "-"
+    return [
+        host,
+        f"{u.unit} ({u.model or '?'} on {u.card or '?'})",
+        u.address or "-",
+        state,
+        u.device or "-",
+        tuned,
+        (u.recipe_digest or "-")[:19],
+        code,
+        load,
+        cards,
+        drift or "no drift",
+    ]
 
 
 def _report(args: argparse.Namespace, results: list[HostResult], what: str) -> int:

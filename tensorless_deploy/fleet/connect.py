@@ -7,8 +7,8 @@ Every host step has a deadline, the host's ``host_timeout`` (``--host-timeout``,
 within it, and while the run holds the connection the host must answer an SSH keepalive
 within it, whatever the step (a fact, an operation, a push). A host that does not is
 ``unreachable``, named with the step it was in; its connection is closed, so whatever waited on
-it returns, and every other host goes on on its own schedule (``run_hosts``: each host runs its
-operations in its own order, never waiting for another host's).
+it returns, and every other host goes on on its own schedule (``fleet.runner.run_hosts``: each
+host runs its operations in its own order, never waiting for another host's).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -24,7 +24,7 @@ from tensorless_deploy.decisions.checks import access_check, check_line, survey_
 from tensorless_deploy.decisions.options import Flags, resolve_one
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.values import HostFacts
-from tensorless_deploy.fleet.channel import executor_arguments
+from tensorless_deploy.fleet.channel import executor_arguments, ssh_transport
 from tensorless_deploy.fleet.inventory import host_data, options_for
 from tensorless_deploy.fleet.lock import (
     CANNOT_LOCK,
@@ -192,8 +192,6 @@ def _keepalive(host: Any, watch: Watch) -> None:
     within the deadline; one that is not gives the host up and closes its connection."""
     import gevent
 
-    from tensorless_deploy.fleet.channel import ssh_transport
-
     transport = ssh_transport(host)
     if transport is None:
         return  # @local: nothing between this machine and itself
@@ -319,43 +317,6 @@ def on_each_host(
     finally:
         if not keep_connected:
             disconnect(hosts)
-
-
-def run_hosts(
-    state: Any, hosts: Sequence[Any], steps: Mapping[str, Mapping[str, str]] | None = None
-) -> None:
-    """Run the operations added for hosts: each host its own, in the order they were added, all
-    hosts at once and none waiting for another (pyinfra's run_ops waits for every host at every
-    operation: one slow or cut host would hold the others' restarts). A host stops at its first
-    failed operation; the rest of its operations stay not run. steps: host -> operation hash ->
-    the step's name in the report (what an unreachable host was doing)."""
-    import gevent
-    from pyinfra.api.operations import run_host_op
-    from pyinfra.context import ctx_host, ctx_state
-
-    state.is_executing = True
-    names = steps or {}
-
-    def one(host: Any) -> None:
-        with ctx_host.use(host):
-            for op_hash in list(host.op_hash_order):
-                if op_hash not in state.ops[host]:
-                    continue
-                if lost(state, host.name) is not None:
-                    return
-                step = names.get(host.name, {}).get(op_hash)
-                if step is None:
-                    step = ", ".join(sorted(state.get_op_meta(op_hash).names)) or "an operation"
-                in_step(state, host, f"the {step} step")
-                if not run_host_op(state, host, op_hash):
-                    still_there(state, host)  # a cut link is the host's, not the step's
-                    return
-
-    with ctx_state.use(state):
-        jobs = [state.pool.spawn(one, h) for h in hosts]
-        gevent.joinall(jobs)
-    for j in jobs:
-        j.get()  # an error of this tool's own (not a failed command) is raised as it was
 
 
 def survey_hosts(
@@ -515,7 +476,7 @@ def run_script(
 def loopback(host: Any, bind: str, port: int) -> Callable[[], Any]:
     """Opens an SSH direct-tcpip channel to bind:port as the connected host itself sees it
     (its own loopback): an API that never listens beyond 127.0.0.1, reached from here."""
-    transport = host.connector.client.get_transport()
+    transport = ssh_transport(host)
 
     def channel() -> Any:
         return transport.open_channel("direct-tcpip", (bind, port), ("127.0.0.1", 0), timeout=10)

@@ -15,9 +15,8 @@ import difflib
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from tensorless_deploy.decisions.checks import Check, Tuning
 from tensorless_deploy.decisions.device import CPU_DEVICE, DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.device import parse_device_log
@@ -26,67 +25,31 @@ from tensorless_deploy.fleet.connect import (
     Refused,
     Unreachable,
     disconnect,
+    fleet_of,
     lost,
     new_state,
     on_each_host,
-    run_hosts,
     survey_and_size,
 )
 from tensorless_deploy.fleet.lock import LockHeld
+from tensorless_deploy.fleet.runner import (
+    HostResult,
+    Outcome,
+    StepResult,
+    add_deploys,
+    execute,
+    first_failure,
+    host_outcome,
+    seconds_of,
+    step_result,
+    would,
+)
 from tensorless_deploy.fleet.unitlog import read_output
 from tensorless_deploy.hostplan.plan import HostPlan, Instance, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
 
 if TYPE_CHECKING:
     from tensorless_deploy.fleet.push import Progress
-
-Outcome = Literal[
-    "changed",
-    "unchanged",
-    "failed",
-    "skipped",
-    "unreachable",
-    "would change",
-    "no change",
-    "untouched",
-]
-
-
-@dataclass(frozen=True)
-class StepResult:
-    name: str
-    outcome: str  # changed, unchanged, failed, not run, would change, no change
-    output: tuple[str, ...] = ()
-    seconds: float | None = None  # how long the step ran on the host (None: it did not run)
-
-
-@dataclass(frozen=True)
-class HostResult:
-    host: str
-    outcome: Outcome
-    reason: str | None = None
-    recipe: str | None = None
-    recipe_digest: str | None = None
-    card: str | None = None
-    addresses: tuple[str, ...] = ()  # one per instance, from the launch spec
-    tuning: Tuning | None = None
-    transfer: str | None = None  # how model and image got there: pull or push, and why
-    failed_checks: tuple[Check, ...] = ()
-    steps: tuple[StepResult, ...] = field(default_factory=tuple)
-    # per instance, what it runs on as its own start log says (decisions.device), "" not known
-    devices: tuple[str, ...] = ()
-    # the recipe digest the host's units of the model run after the run, read back from the
-    # host (the running containers' labels, or the survey's for a host that needed nothing)
-    serving_digest: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome not in ("failed", "skipped", "unreachable", "untouched")
-
-    @property
-    def address(self) -> str | None:
-        return ", ".join(self.addresses) or None
-
 
 TokenSource = Callable[[], "str | None"]
 
@@ -201,10 +164,6 @@ def unit_diffs(
     return {h.name: r for h, r in zip(hosts, results, strict=True) if not isinstance(r, str)}
 
 
-def _meta_lines(meta: Any) -> tuple[str, ...]:
-    return tuple(line for line in (meta.stdout + "\n" + meta.stderr).splitlines() if line)
-
-
 def _dry_steps(metas: dict[str, Any]) -> tuple[StepResult, ...]:
     """What a real run would do, step by step. pyinfra cannot know at prepare time whether a
     follow-up guarded by ``_if=unit.did_change`` will run, so the restart is judged from its
@@ -221,7 +180,7 @@ def _dry_steps(metas: dict[str, Any]) -> tuple[StepResult, ...]:
             changing = not before and bool(meta.will_change)
         else:
             changing = bool(meta.will_change)
-        out.append(StepResult(name, "would change" if changing else "no change"))
+        out.append(StepResult(name, would(changing)))
     return tuple(out)
 
 
@@ -231,18 +190,7 @@ def _step_results(
     if dry:
         return _dry_steps(metas)
     took = seconds or {}
-    out = []
-    for name, meta in metas.items():
-        t = took.get(meta._hash)
-        if not meta.is_complete():
-            out.append(StepResult(name, "not run"))
-        elif meta.did_error():
-            out.append(StepResult(name, "failed", _meta_lines(meta), t))
-        elif not meta.executed:  # a noop, or a follow-up whose condition did not hold
-            out.append(StepResult(name, "unchanged"))
-        else:
-            outcome = "changed" if meta.did_change() else "unchanged"
-            out.append(StepResult(name, outcome, _meta_lines(meta), t))
+    out = [step_result(n, m, seconds=took.get(m._hash)) for n, m in metas.items()]
     return _restart_or_serving(tuple(out))
 
 
@@ -264,37 +212,6 @@ def _restart_or_serving(steps: tuple[StepResult, ...]) -> tuple[StepResult, ...]
             and s.outcome == "unchanged"
         )
     )
-
-
-def _op_timer(state: Any) -> dict[tuple[str, str], float]:
-    """Seconds each operation ran on each host, (host, op hash) -> s, filled while run_ops runs
-    (the per-phase times the deploy bench prints)."""
-    import time
-
-    from pyinfra.api.state import BaseStateCallback
-
-    took: dict[tuple[str, str], float] = {}
-    started: dict[tuple[str, str], float] = {}
-
-    class Timer(BaseStateCallback):
-        @staticmethod
-        def operation_host_start(state: Any, host: Any, op_hash: Any) -> None:
-            started[(host.name, op_hash)] = time.monotonic()
-
-        @staticmethod
-        def operation_host_success(
-            state: Any, host: Any, op_hash: Any, retry_count: int = 0
-        ) -> None:
-            key = (host.name, op_hash)
-            took[key] = time.monotonic() - started.get(key, time.monotonic())
-
-        @staticmethod
-        def operation_host_error(state: Any, host: Any, op_hash: Any, *args: Any) -> None:
-            key = (host.name, op_hash)
-            took[key] = time.monotonic() - started.get(key, time.monotonic())
-
-    state.add_callback_handler(Timer())
-    return took
 
 
 def _refused(plan: HostPlan) -> HostResult:
@@ -380,19 +297,12 @@ def _result(
 ) -> HostResult:
     steps, devices, why = _read_steps(plan, steps)
     devices = {**(found or {}), **devices}
-    failed = [s for s in steps if s.outcome == "failed"]
-    outcome: Outcome
-    if dry:
-        outcome = "would change" if any(s.outcome == "would change" for s in steps) else "no change"
-    elif failed:
-        outcome = "failed"
-    else:
-        outcome = "changed" if any(s.outcome == "changed" for s in steps) else "unchanged"
+    outcome: Outcome = host_outcome([s.outcome for s in steps], dry)
     assert plan.entry is not None
     reason = None
-    if failed:
-        name = failed[0].name
-        reason = f"{name} failed: {why[name]}" if name in why else f"{name} failed"
+    failed = None if dry else first_failure((s.name, s.outcome) for s in steps)
+    if failed is not None:
+        reason = f"{failed} failed: {why[failed]}" if failed in why else f"{failed} failed"
     elif not dry and any(not v.ok for v in devices.values()):
         # serving as the survey found it, but its own start log shows it elsewhere
         outcome = "failed"
@@ -513,163 +423,185 @@ def _judged(
     )
 
 
+@dataclass
+class _Run:
+    """One deploy run between its phases: the hosts still to converge (plans) and what each
+    phase found out about them; a host leaves plans once its result is known."""
+
+    request: DeployRequest
+    state: Any
+    by_name: dict[str, Any]
+    token: _Token
+    results: dict[str, HostResult] = field(default_factory=dict)
+    plans: dict[str, HostPlan] = field(default_factory=dict)
+    known: dict[str, dict[str, bool] | None] = field(default_factory=dict)  # survey_steps
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    # what is missing where, (model, image): the survey says, else (None) the transfer finds out
+    missing: dict[str, tuple[bool, bool] | None] = field(default_factory=dict)
+    modes: dict[str, tuple[str, str]] = field(default_factory=dict)  # pull or push, and why
+    transfers: dict[str, str] = field(default_factory=dict)  # the report's words for it
+    metas: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> step -> meta
+    took: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, op hash) -> s
+
+
 def deploy(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest
 ) -> list[HostResult]:
     """Converge every host to serve request.model; the per-host result says what happened."""
-    from tensorless_deploy.fleet.connect import fleet_of
-    from tensorless_deploy.fleet.push import (
-        DownloadWatch,
-        choose_transfer,
-        push,
-        remote_image_path,
-    )
-
     entries = catalog.find(request.model)
     # a run that changes hosts holds each one's lock from before its survey (fleet.lock)
     lock = None if request.dry else f"deploy {request.model}"
     state = new_state(inventory, request.flags, lock=lock)
-    surveyed, sizing = survey_and_size(
-        state, hosts, request.flags, entries, local=request.local, keep_connected=True
-    )
-    by_name = {h.name: h for h in hosts}
-    results: dict[str, HostResult] = {}
-    plans: dict[str, HostPlan] = {}
-    known: dict[str, dict[str, bool] | None] = {}
-    by_facts: dict[str, HostFacts] = {}
-    token = _Token(request)
+    run = _Run(request, state, {h.name: h for h in hosts}, _Token(request))
     try:
-        for s in surveyed:
-            if s.facts is None:
-                results[s.name] = HostResult(s.name, not_reached(s.error), s.error)
-                continue
-            by_facts[s.name] = s.facts
-            plan = plan_host(s.name, s.facts, entries, s.options, sizing=sizing)
-            if plan.ok:
-                plans[s.name] = plan
-                known[s.name] = survey_steps(plan, s.facts)
-            else:
-                results[s.name] = _refused(plan)
-
-        # Converged hosts: the survey was their one round trip; no operation, no probe.
-        for name in [n for n in plans if converged(known[n])]:
-            plan = plans.pop(name)
-            steps = known[name]
-            assert steps is not None
-            done = _judged(plan, steps, request.dry, {})
-            found = survey_devices(plan, by_facts[name])
-            result = _result(plan, done, request.dry, NOTHING_TO_FETCH, found)
-            if not request.dry:  # what the survey read there: healthy units of this recipe
-                result = replace(result, serving_digest=surveyed_digest(plan, by_facts[name]))
-            results[name] = result
-
-        # What is missing where: the survey says, else (None) the transfer checks find out.
-        missing = {
-            n: (None if k is None else (k["model"], k["image"]))
-            for n, k in known.items()
-            if n in plans
-        }
-        modes: dict[str, tuple[str, str]] = {}
-        transfers: dict[str, str] = {}
-        if plans:
-            modes = choose_transfer(state, by_name, plans, request.transfer, missing)
-            transfers = {n: f"{m} ({why})" if why else m for n, (m, why) in modes.items()}
-
+        _survey_and_plan(run, hosts, entries)
+        _converged(run)
+        _transfer(run)
         if request.dry:
-            # judged from the survey: no pyinfra stage; the unit diff read where a unit changes
-            judged = {n: p for n, p in plans.items() if known[n] is not None}
-            diffs = unit_diffs(state, by_name, judged, known) if judged else {}
-            for name in judged:
-                plan = plans.pop(name)
-                steps = known[name]
-                assert steps is not None
-                judged_steps = _judged(plan, steps, True, diffs.get(name, {}))
-                found = survey_devices(plan, by_facts[name])
-                results[name] = _result(plan, judged_steps, True, transfers.get(name), found)
-
-        steps_meta: dict[str, dict[str, Any]] = {}
-        took: dict[tuple[str, str], float] = {}
-        pushing = {n: p for n, p in plans.items() if modes[n][0] == "push"}
-        if pushing and not request.dry:
-            errors, sent = push(state, by_name, pushing, token, missing, request.progress)
-            for name, what in sent.items():
-                transfers[name] += f"; {what}"
-            for name, error in errors.items():
-                plans.pop(name)
-                gone = lost(state, name)
-                results[name] = HostResult(
-                    name,
-                    "unreachable" if gone else "failed",
-                    gone or error,
-                    transfer=transfers[name],
-                )
-        if plans:  # something to change: pyinfra's operations (a converged fleet needs none)
-            from pyinfra.api.deploy import add_deploy
-            from pyinfra.api.state import StateStage
-            from pyinfra.context import ctx_state
-
-            from tensorless_deploy.operations.deploy import serve_plan
-
-            state.set_stage(StateStage.Prepare)
-            prepare: dict[str, dict[str, Any]] = {}
-            downloading: dict[str, tuple[str, str, int]] = {}
-            for name, plan in plans.items():
-                pushed = modes[name][0] == "push"
-                archive = (
-                    remote_image_path(plan.recipe.engine.image) if pushed and plan.recipe else None
-                )
-                need = missing.get(name)
-                downloads = not pushed and (need is None or need[0])
-                if downloads and plan.paths is not None and plan.recipe is not None:
-                    p = plan.paths
-                    downloading[name] = (p.partial, p.blob, plan.recipe.model.size_bytes)
-                held = fleet_of(state).locks.get(name)
-                prepare[name] = dict(
-                    plan=plan,
-                    token=token() if downloads and not request.dry else None,
-                    transfer=modes[name][0],
-                    archive=archive,
-                    steps=steps_meta,
-                    owner=held.pid if held is not None else None,
-                    host=by_name[name],
-                )
-
-            # Every host's operations read their facts while they are added: all hosts at
-            # once, on pyinfra's own pool (in API mode an operation's hash is its ordinal on
-            # its host, so the order hosts are prepared in changes nothing).
-            # (the state context is one for all greenlets: set once, around all of them)
-            with ctx_state.use(state):
-                jobs = [
-                    state.pool.spawn(add_deploy, state, serve_plan, **kw) for kw in prepare.values()
-                ]
-                state.pool.join()
-            for job in jobs:
-                job.get()  # an error while preparing is raised as it was when done in turn
-            if not request.dry:
-                state.set_stage(StateStage.Execute)
-                took = _op_timer(state)
-                names = {
-                    host: {meta._hash: step for step, meta in metas.items()}
-                    for host, metas in steps_meta.items()
-                }
-                with DownloadWatch(by_name, downloading, request.progress):
-                    run_hosts(state, [by_name[n] for n in plans], names)
-
-        for name, plan in plans.items():
-            seconds = {h: t for (n, h), t in took.items() if n == name}
-            step_results = _step_results(steps_meta.get(name, {}), request.dry, seconds)
-            result = _result(plan, step_results, request.dry, transfers.get(name))
-            gone = lost(state, name)
-            if gone is not None:
-                result = replace(result, outcome="unreachable", reason=gone)
-            results[name] = result
-        if not request.dry:
-            ran = [n for n in plans if results[n].ok]
-            for name, seen in read_back(state, by_name, {n: plans[n] for n in ran}).items():
-                results[name] = seen(results[name])
+            _judged_dry(run)
+        _apply(run)
+        _report(run)
     finally:
         disconnect(hosts)
-    return [results[h.name] for h in hosts]
+    return [run.results[h.name] for h in hosts]
+
+
+def _survey_and_plan(run: _Run, hosts: Sequence[Any], entries: Sequence[Any]) -> None:
+    """Every host surveyed (one round trip) and planned; a host the survey could not read or
+    whose plan fails has its result now, the others keep their plan."""
+    request = run.request
+    surveyed, sizing = survey_and_size(
+        run.state, hosts, request.flags, entries, local=request.local, keep_connected=True
+    )
+    for s in surveyed:
+        if s.facts is None:
+            run.results[s.name] = HostResult(s.name, not_reached(s.error), s.error)
+            continue
+        run.facts[s.name] = s.facts
+        plan = plan_host(s.name, s.facts, entries, s.options, sizing=sizing)
+        if not plan.ok:
+            run.results[s.name] = _refused(plan)
+            continue
+        run.plans[s.name] = plan
+        known = run.known[s.name] = survey_steps(plan, s.facts)
+        run.missing[s.name] = None if known is None else (known["model"], known["image"])
+
+
+def _converged(run: _Run) -> None:
+    """Converged hosts: the survey was their one round trip; no operation, no probe."""
+    dry = run.request.dry
+    for name in [n for n in run.plans if converged(run.known[n])]:
+        plan = run.plans.pop(name)
+        steps = run.known[name]
+        assert steps is not None
+        facts = run.facts[name]
+        result = _result(
+            plan, _judged(plan, steps, dry, {}), dry, NOTHING_TO_FETCH, survey_devices(plan, facts)
+        )
+        if not dry:  # what the survey read there: healthy units of this recipe
+            result = replace(result, serving_digest=surveyed_digest(plan, facts))
+        run.results[name] = result
+
+
+def _transfer(run: _Run) -> None:
+    """How each host gets the model and the image (pull or push, fleet.push.choose_transfer);
+    in a real run the controller then sends what the push hosts lack. A host whose push failed
+    has its result now."""
+    from tensorless_deploy.fleet.push import choose_transfer, push
+
+    if not run.plans:
+        return
+    run.modes = choose_transfer(
+        run.state, run.by_name, run.plans, run.request.transfer, run.missing
+    )
+    run.transfers = {n: f"{m} ({why})" if why else m for n, (m, why) in run.modes.items()}
+    pushing = {n: p for n, p in run.plans.items() if run.modes[n][0] == "push"}
+    if not pushing or run.request.dry:
+        return
+    errors, sent = push(
+        run.state, run.by_name, pushing, run.token, run.missing, run.request.progress
+    )
+    for name, what in sent.items():
+        run.transfers[name] += f"; {what}"
+    for name, error in errors.items():
+        run.plans.pop(name)
+        gone = lost(run.state, name)
+        run.results[name] = HostResult(
+            name, "unreachable" if gone else "failed", gone or error, transfer=run.transfers[name]
+        )
+
+
+def _judged_dry(run: _Run) -> None:
+    """A dry run's hosts the survey can judge: no pyinfra stage; the unit diff read where a unit
+    would change."""
+    judged = {n: p for n, p in run.plans.items() if run.known[n] is not None}
+    diffs = unit_diffs(run.state, run.by_name, judged, run.known) if judged else {}
+    for name in judged:
+        plan = run.plans.pop(name)
+        steps = run.known[name]
+        assert steps is not None
+        done = _judged(plan, steps, True, diffs.get(name, {}))
+        found = survey_devices(plan, run.facts[name])
+        run.results[name] = _result(plan, done, True, run.transfers.get(name), found)
+
+
+def _apply(run: _Run) -> None:
+    """Something to change: serve_plan's operations added for every host left, then run (a dry
+    run only adds them, to say what would change)."""
+    from tensorless_deploy.fleet.push import DownloadWatch, remote_image_path
+    from tensorless_deploy.operations.deploy import serve_plan
+
+    if not run.plans:  # a converged fleet needs no pyinfra operation
+        return
+    dry = run.request.dry
+    calls = []
+    downloading: dict[str, tuple[str, str, int]] = {}
+    for name, plan in run.plans.items():
+        transfer = run.modes[name][0]
+        pushed = transfer == "push"
+        archive = remote_image_path(plan.recipe.engine.image) if pushed and plan.recipe else None
+        need = run.missing.get(name)
+        downloads = not pushed and (need is None or need[0])
+        if downloads and plan.paths is not None and plan.recipe is not None:
+            p = plan.paths
+            downloading[name] = (p.partial, p.blob, plan.recipe.model.size_bytes)
+        held = fleet_of(run.state).locks.get(name)
+        calls.append(
+            dict(
+                plan=plan,
+                token=run.token() if downloads and not dry else None,
+                transfer=transfer,
+                archive=archive,
+                steps=run.metas,
+                owner=held.pid if held is not None else None,
+                host=run.by_name[name],
+            )
+        )
+    add_deploys(run.state, serve_plan, calls)
+    if dry:
+        return
+    names = {h: {meta._hash: step for step, meta in ms.items()} for h, ms in run.metas.items()}
+    with DownloadWatch(run.by_name, downloading, run.request.progress):
+        run.took = execute(run.state, [run.by_name[n] for n in run.plans], names)
+
+
+def _report(run: _Run) -> None:
+    """Each host that ran operations: its steps as the report says them, then (a real run) what
+    its units run now, read back from the host."""
+    dry = run.request.dry
+    for name, plan in run.plans.items():
+        seconds = seconds_of(run.took, name)
+        steps = _step_results(run.metas.get(name, {}), dry, seconds)
+        result = _result(plan, steps, dry, run.transfers.get(name))
+        gone = lost(run.state, name)
+        if gone is not None:
+            result = replace(result, outcome="unreachable", reason=gone)
+        run.results[name] = result
+    if dry:
+        return
+    ran = {n: p for n, p in run.plans.items() if run.results[n].ok}
+    for name, seen in read_back(run.state, run.by_name, ran).items():
+        run.results[name] = seen(run.results[name])
 
 
 def roll(

@@ -235,7 +235,7 @@ def _choose(
 
 def _fetch(state: Any, host: Any, surveyed: Any, sp: ScratchPlan, request: GateRequest) -> None:
     """The image by digest and the verified model, exactly as deploy fetches them."""
-    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.fleet.runner import FAILING, Step, apply_steps
     from tensorless_deploy.operations.image import image
     from tensorless_deploy.operations.model import model
 
@@ -265,7 +265,7 @@ def _fetch(state: Any, host: Any, surveyed: Any, sp: ScratchPlan, request: GateR
     ]
     done = apply_steps(state, [host], {host.name: steps})[host.name]
     if not done.ok:
-        failed = next((s for s in done.steps if s.outcome in ("failed", "not run")), None)
+        failed = next((s for s in done.steps if s.outcome in FAILING), None)
         said = "; ".join(failed.output[-3:]) if failed and failed.output else done.reason
         raise GateError(f"{host.name}: {failed.name if failed else 'fetch'} failed: {said}")
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tensorless_deploy.decisions.options import Flags
-from tensorless_deploy.fleet.channel import host_command
+from tensorless_deploy.fleet.channel import host_command, ssh_transport
 from tensorless_deploy.fleet.connect import disconnect, new_state
 from tensorless_deploy.fleet.status import model_units, read_units
 from tensorless_deploy.launch.read import unit_engine
@@ -47,7 +47,7 @@ def _line(host: str, unit: str, raw: bytes, emit: Line) -> None:
 def _stream(host: Any, command: str, unit: str, emit: Line) -> None:
     """Run command on the host's own SSH connection and hand over each line as it arrives; a
     journal that could not be read (journalctl's exit status) raises with what it said."""
-    transport = host.connector.client.get_transport()
+    transport = ssh_transport(host)
     channel = transport.open_session()
     channel.exec_command(command)
     buf = b""

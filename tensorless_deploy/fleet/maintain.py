@@ -22,10 +22,9 @@ from tensorless_deploy.decisions.checks import Check
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.maintain import MAINTENANCE_RECORD
 from tensorless_deploy.facts.values import DeployedUnit, HostFacts, MaintenanceRecord
-from tensorless_deploy.fleet.apply import Step, apply_steps
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_and_size
-from tensorless_deploy.fleet.deploy import StepResult
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.fleet.runner import HostResult, Step, StepResult, apply_steps
 from tensorless_deploy.fleet.status import start_timeout
 from tensorless_deploy.hostplan.doctor import host_report
 from tensorless_deploy.hostplan.maintain import (
@@ -174,15 +173,57 @@ def end(
     """Close the window on every host: the CDI spec for the driver loaded now, doctor (the
     readiness checks, and the plan of every held unit's model), then, only where doctor passes,
     the units started again health-gated and the record removed."""
-    from tensorless_deploy.operations import maintain as ops
-    from tensorless_deploy.operations.prepare import cdi_spec
-    from tensorless_deploy.operations.unit import serving
-
     out: dict[str, MaintainResult] = {}
+    ends = _end_cdi(inventory, hosts, flags, out)
+    live = [h for h in hosts if h.name in ends]
+    if live:
+        state = new_state(inventory, flags, lock="maintain end")
+        starts = _end_doctor(state, live, catalog, flags, ends, out)
+        ready = [h for h in live if h.name in starts]
+        try:
+            done = apply_steps(state, ready, starts) if ready else {}
+        finally:
+            disconnect(hosts)
+        for h in ready:
+            out[h.name] = ends[h.name].result(done[h.name])
+    return [out[h.name] for h in hosts]
+
+
+@dataclass
+class _End:
+    """One host's end of its window between the phases: its record, its units as read, the CDI
+    step's result and doctor's ending."""
+
+    host: str
+    record: MaintenanceRecord
+    units: tuple[DeployedUnit, ...]
+    cdi: HostResult | None = None
+    ending: Ending | None = None
+
+    def result(self, started: HostResult) -> MaintainResult:
+        """The host's result once its units were released and started (or failed to)."""
+        assert self.cdi is not None
+        rows = _steps(self.cdi) + _steps(started)
+        if not started.ok:
+            return MaintainResult(
+                self.host, "failed", started.reason, self.record, rows, ending=self.ending
+            )
+        names = tuple(u.name for u in to_start(self.record))
+        return MaintainResult(
+            self.host, "ended", None, self.record, rows, ending=self.ending, started=names
+        )
+
+
+def _end_cdi(
+    inventory: Any, hosts: Sequence[Any], flags: Flags, out: dict[str, MaintainResult]
+) -> dict[str, _End]:
+    """Each host's window read, and its CDI spec regenerated for the driver loaded now; the
+    hosts that passed, by name (the others have their result in out)."""
+    from tensorless_deploy.operations.prepare import cdi_spec
+
     state = new_state(inventory, flags, lock="maintain end")
     found = _read(state, hosts, flags)
-    records: dict[str, MaintenanceRecord] = {}
-    units_now: dict[str, tuple[DeployedUnit, ...]] = {}
+    ends: dict[str, _End] = {}
     cdi: dict[str, list[Step]] = {}
     for h, r in zip(hosts, found, strict=True):
         if isinstance(r, str):
@@ -192,95 +233,90 @@ def end(
         if facts.maintenance is None:
             out[h.name] = MaintainResult(h.name, "failed", NOT_OPEN)
             continue
-        records[h.name] = facts.maintenance
-        units_now[h.name] = units
+        ends[h.name] = _End(h.name, facts.maintenance, units)
         gpus = facts.gpus
+        cdi[h.name] = []
         if facts.toolkit is not None and facts.toolkit.present and gpus.state == "ok":
             uuids = tuple(g.uuid for g in gpus.gpus if g.uuid)
             args = {"driver_version": facts.driver_version, "gpu_uuids": uuids}
             cdi[h.name] = [Step("toolkit.cdi", cdi_spec, args)]
-        else:
-            cdi[h.name] = []
-    live = [h for h in hosts if h.name in records]
+    live = [h for h in hosts if h.name in ends]
     try:
         cdi_done = apply_steps(state, live, cdi) if live else {}
     finally:
         disconnect(hosts)
     for h in live:
-        if not cdi_done[h.name].ok:
-            res = cdi_done[h.name]
-            out[h.name] = MaintainResult(
-                h.name, "refused", res.reason, records[h.name], _steps(res)
-            )
-    live = [h for h in live if h.name not in out]
-    if not live:
-        return [out[h.name] for h in hosts]
+        e = ends[h.name]
+        e.cdi = res = cdi_done[h.name]
+        if not res.ok:
+            out[h.name] = MaintainResult(h.name, "refused", res.reason, e.record, _steps(res))
+            del ends[h.name]
+    return ends
 
-    # doctor, as doctor runs it, on the host as it is now (the window itself left out)
-    entries = [e for h in live for e in _models(records[h.name], catalog)[1]]
-    state = new_state(inventory, flags, lock="maintain end")
+
+def _end_doctor(
+    state: Any,
+    live: Sequence[Any],
+    catalog: Catalog,
+    flags: Flags,
+    ends: dict[str, _End],
+    out: dict[str, MaintainResult],
+) -> dict[str, list[Step]]:
+    """Doctor, as doctor runs it, on each host as it is now (the window itself left out); where
+    it passes, the steps that start the units again and close the window, by host."""
+    entries = [e for h in live for e in _models(ends[h.name].record, catalog)[1]]
     surveyed, sizing = survey_and_size(state, live, flags, entries, keep_connected=True)
     starts: dict[str, list[Step]] = {}
-    endings: dict[str, Ending] = {}
     for h, s in zip(live, surveyed, strict=True):
-        record = records[h.name]
+        e = ends[h.name]
         if s.facts is None:
-            out[h.name] = MaintainResult(h.name, "failed", s.error, record)
+            out[h.name] = MaintainResult(h.name, "failed", s.error, e.record)
             continue
         facts = s.facts.model_copy(update={"maintenance": None})
-        models, _ = _models(record, catalog)
+        models, _ = _models(e.record, catalog)
         report = host_report(SurveyedHost(s.name, s.options, facts), catalog, models, sizing)
         checks: list[Check] = [c for p in report.plans for c in p.verdict.checks]
         problems = [p.problem for p in report.plans if p.problem]
-        endings[h.name] = ending(record, facts, checks)
-        if endings[h.name].blocking or problems:
-            why = ", ".join(c.id for c in endings[h.name].blocking) or "; ".join(problems)
+        e.ending = ending(e.record, facts, checks)
+        if e.ending.blocking or problems:
+            why = ", ".join(c.id for c in e.ending.blocking) or "; ".join(problems)
+            assert e.cdi is not None
             out[h.name] = MaintainResult(
                 h.name,
                 "refused",
                 f"doctor fails {why}: the units stay stopped and the window open",
-                record,
-                _steps(cdi_done[h.name]),
-                ending=endings[h.name],
+                e.record,
+                _steps(e.cdi),
+                ending=e.ending,
             )
             continue
-        texts = {u.name: u.text for u in units_now[h.name]}
-        todo = [
-            Step(f"release {u.name}", ops.released, {"service": f"{u.name}.service"})
-            for u in record.units
-        ]
-        for u in to_start(record):
-            if not u.health_url:
-                continue  # a unit without its health label: released, started by systemd
-            todo.append(
-                Step(
-                    f"start {u.name}",
-                    serving,
-                    {
-                        "path": u.path,
-                        "health_url": u.health_url,
-                        "timeout_s": start_timeout(texts.get(u.name, "")),
-                    },
-                )
+        starts[h.name] = _start_steps(e)
+    return starts
+
+
+def _start_steps(e: _End) -> list[Step]:
+    """The units released and started again, health-gated, then the record removed."""
+    from tensorless_deploy.operations import maintain as ops
+    from tensorless_deploy.operations.unit import serving
+
+    texts = {u.name: u.text for u in e.units}
+    todo = [
+        Step(f"release {u.name}", ops.released, {"service": f"{u.name}.service"})
+        for u in e.record.units
+    ]
+    for u in to_start(e.record):
+        if not u.health_url:
+            continue  # a unit without its health label: released, started by systemd
+        todo.append(
+            Step(
+                f"start {u.name}",
+                serving,
+                {
+                    "path": u.path,
+                    "health_url": u.health_url,
+                    "timeout_s": start_timeout(texts.get(u.name, "")),
+                },
             )
-        todo.append(Step("close the window", ops.record_removed, {"path": MAINTENANCE_RECORD}))
-        starts[h.name] = todo
-    ready = [h for h in live if h.name in starts]
-    try:
-        done = apply_steps(state, ready, starts) if ready else {}
-    finally:
-        disconnect(hosts)
-    for h in ready:
-        res = done[h.name]
-        record = records[h.name]
-        rows = _steps(cdi_done[h.name]) + _steps(res)
-        if not res.ok:
-            out[h.name] = MaintainResult(
-                h.name, "failed", res.reason, record, rows, ending=endings[h.name]
-            )
-            continue
-        started = tuple(u.name for u in to_start(record))
-        out[h.name] = MaintainResult(
-            h.name, "ended", None, record, rows, ending=endings[h.name], started=started
         )
-    return [out[h.name] for h in hosts]
+    todo.append(Step("close the window", ops.record_removed, {"path": MAINTENANCE_RECORD}))
+    return todo

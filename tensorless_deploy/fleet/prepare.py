@@ -14,6 +14,13 @@ from typing import Any, Literal
 
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.fleet.connect import disconnect, gpu_images, new_state, survey_hosts
+from tensorless_deploy.fleet.runner import (
+    add_deploys,
+    execute,
+    first_failure,
+    host_outcome,
+    step_result,
+)
 from tensorless_deploy.hostplan.plan import plan_host, readiness
 from tensorless_deploy.hostplan.prepare import (
     TOOLKIT_DATA_KEYS,
@@ -71,28 +78,12 @@ def log_dir() -> Path:
     return Path(state) / "tensorless-deploy"
 
 
-def _lines(meta: Any) -> tuple[str, ...]:
-    return tuple(line for line in (meta.stdout + "\n" + meta.stderr).splitlines() if line)
-
-
 def _step_results(prep: HostPrep, metas: Mapping[str, Any], dry: bool) -> tuple[StepResult, ...]:
+    """Each step of the host's prepare with its operation's outcome (fleet.runner.step_result)."""
     out = []
     for step in prep.steps:
-        meta = metas.get(step.check)
-        if meta is None:
-            out.append(StepResult(step.check, step.action, "not run"))
-        elif dry:
-            word = "would change" if meta.will_change else "no change"
-            out.append(StepResult(step.check, step.action, word))
-        elif not meta.is_complete():
-            out.append(StepResult(step.check, step.action, "not run"))
-        elif meta.did_error():
-            out.append(StepResult(step.check, step.action, "failed", _lines(meta)))
-        elif not meta.executed:
-            out.append(StepResult(step.check, step.action, "unchanged"))
-        else:
-            word = "changed" if meta.did_change() else "unchanged"
-            out.append(StepResult(step.check, step.action, word, _lines(meta)))
+        r = step_result(step.check, metas.get(step.check), dry=dry)
+        out.append(StepResult(step.check, step.action, r.outcome, r.output))
     return tuple(out)
 
 
@@ -109,21 +100,17 @@ def _write_log(host: str, steps: Sequence[StepResult]) -> str:
 
 
 def _result(prep: HostPrep, steps: tuple[StepResult, ...], dry: bool) -> PrepareResult:
+    outcome = host_outcome([s.outcome for s in steps], dry)
     if dry:
-        word: Outcome = (
-            "would change" if any(s.outcome == "would change" for s in steps) else "no change"
-        )
-        return PrepareResult(prep.host, word, steps=steps, left=prep.left)
-    failed = [s for s in steps if s.outcome == "failed"]
-    changed = any(s.outcome == "changed" for s in steps)
-    log = _write_log(prep.host, steps) if failed or changed else None
-    if failed:
-        last = failed[0].output[-1] if failed[0].output else "no output"
-        reason = f"{failed[0].check} failed: {last}; read {log}"
+        return PrepareResult(prep.host, outcome, steps=steps, left=prep.left)
+    log = _write_log(prep.host, steps) if outcome != "unchanged" else None
+    failed = first_failure((s.check, s.outcome) for s in steps)
+    if failed is not None:
+        bad = next(s for s in steps if s.check == failed)
+        last = bad.output[-1] if bad.output else "no output"
+        reason = f"{failed} failed: {last}; read {log}"
         return PrepareResult(prep.host, "failed", reason, log, steps, prep.left)
-    return PrepareResult(
-        prep.host, "changed" if changed else "unchanged", None, log, steps, prep.left
-    )
+    return PrepareResult(prep.host, outcome, None, log, steps, prep.left)
 
 
 def prepare(
@@ -131,10 +118,7 @@ def prepare(
 ) -> list[PrepareResult]:
     """Make every host ready (for request.model, or for any model): the fixes doctor knows how to
     apply safely, each once; the per-host result says what changed and what is left."""
-    from pyinfra.api.deploy import add_deploy
-    from pyinfra.api.state import StateStage
-
-    from tensorless_deploy.fleet.connect import Unreachable, lost, run_hosts
+    from tensorless_deploy.fleet.connect import Unreachable, lost
     from tensorless_deploy.fleet.lock import LockHeld
     from tensorless_deploy.operations.prepare import prepare_plan
 
@@ -175,13 +159,11 @@ def prepare(
                 preps[s.name] = prep
         metas: dict[str, dict[str, Any]] = {}
         if preps:
-            state.set_stage(StateStage.Prepare)
-            for name, prep in preps.items():
-                add_deploy(state, prepare_plan, prep=prep, steps=metas, host=by_name[name])
+            calls = [dict(prep=p, steps=metas, host=by_name[n]) for n, p in preps.items()]
+            add_deploys(state, prepare_plan, calls)
             if not request.dry:
-                state.set_stage(StateStage.Execute)
                 names = {n: {m._hash: c for c, m in ms.items()} for n, ms in metas.items()}
-                run_hosts(state, [by_name[n] for n in preps], names)
+                execute(state, [by_name[n] for n in preps], names)
         for name, prep in preps.items():
             steps = _step_results(prep, metas.get(name, {}), request.dry)
             result = _result(prep, steps, request.dry)

@@ -12,8 +12,8 @@ from typing import Any
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.values import DeployedUnit, HostFacts
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, require_root
-from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.fleet.runner import HostResult
 from tensorless_deploy.fleet.status import not_read
 from tensorless_deploy.hostplan.plan import engine_bin
 from tensorless_deploy.hub import host_state_dir
@@ -87,7 +87,7 @@ def prune(
 ) -> tuple[list[HostResult], dict[str, Unused]]:
     """Remove what no unit references, every host in parallel; with dry, only say it."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits, HostSurvey
-    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.prune import image_removed, model_removed
 
     state = new_state(inventory, flags, lock=None if dry else "prune")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.fleet.channel import host_command
+from tensorless_deploy.fleet.channel import host_command, ssh_transport
 from tensorless_deploy.fleet.connect import host_fact, in_step, on_each_host
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.hub import controller_state_dir
@@ -126,7 +126,7 @@ def receive_command(state: Any, host: Any, partial: str, size: int, lock: str = 
 def send_one(source: Path, receiver: Receiver, command: str, chunk: int = CHUNK) -> None:
     """Stream source into one host from the offset it reports, on its own SSH channel."""
     t0 = time.monotonic()
-    transport = receiver.remote.connector.client.get_transport()
+    transport = ssh_transport(receiver.remote)
     channel = transport.open_session(window_size=WINDOW, max_packet_size=PACKET)
     try:
         channel.exec_command(command)
@@ -390,8 +390,7 @@ class DownloadWatch:
     def _size(self, host: Any, partial: str, blob: str) -> int | None:
         import shlex
 
-        client = getattr(getattr(host, "connector", None), "client", None)
-        transport = client.get_transport() if client is not None else None
+        transport = ssh_transport(host)
         if transport is None or not transport.is_active():
             return None
         p, b = shlex.quote(partial), shlex.quote(blob)

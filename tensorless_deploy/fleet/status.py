@@ -4,14 +4,30 @@ taking a model's units down."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.decisions.checks import Check
-from tensorless_deploy.decisions.options import Flags, Options
-from tensorless_deploy.errors import UnknownModelError
-from tensorless_deploy.facts.values import LABEL_CARD, LABEL_MODEL, DeployedUnit, HostFacts
+from tensorless_deploy.decisions.options import (
+    DEFAULT_BIND,
+    Flags,
+    Options,
+    address,
+    api_key,
+    reach_host,
+)
+from tensorless_deploy.errors import UnknownModelError, UsageError
+from tensorless_deploy.facts.values import (
+    LABEL_BIND,
+    LABEL_CARD,
+    LABEL_MODEL,
+    LABEL_PORT,
+    LABEL_TUNED,
+    DeployedUnit,
+    HostFacts,
+)
 from tensorless_deploy.fleet.connect import (
     CANNOT_CONNECT,
     UNREACHABLE,
@@ -22,8 +38,8 @@ from tensorless_deploy.fleet.connect import (
     on_each_host,
     require_root,
 )
-from tensorless_deploy.fleet.deploy import HostResult
 from tensorless_deploy.fleet.inventory import options_for
+from tensorless_deploy.fleet.runner import HostResult
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.hostplan.status import (
     UnitStatus,
@@ -35,11 +51,15 @@ from tensorless_deploy.hostplan.status import (
 from tensorless_deploy.hostplan.targets import Job, Skipped
 from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import (
+    LABEL_TLS,
     SECRETS_DIR,
     secrets_dir,
     unit_model_slug,
 )
 from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths, slug, unit_name
+
+if TYPE_CHECKING:
+    from tensorless_deploy.local.bench import Connect
 
 
 @dataclass(frozen=True)
@@ -176,6 +196,101 @@ def unit_recipe(unit: DeployedUnit, entries: Sequence[Entry]) -> Entry | str:
     return entry
 
 
+# what bench measures: its name, how to reach it, its tuned label, the API key, the recipe to
+# judge it by
+BenchTarget = tuple[str, "Connect", "bool | None", "str | None", Entry]
+
+
+@contextmanager
+def bench_targets(
+    inventory: Any, hosts: Sequence[Any], entries: Sequence[Entry], card: str | None = None
+) -> Iterator[tuple[list[BenchTarget], list[str]]]:
+    """bench -i: one target per unit of the model on each host (with card, of that card), each
+    judged by the recipe of the card its labels name (unit_recipe: a unit of a card the catalog
+    has no recipe for is refused, not compared), each reached through an SSH direct-tcpip
+    channel to the host's own 127.0.0.1 (or its bind address): the API never has to listen on
+    the network. Yields the targets and the hosts' and units' refusals; the connections stay
+    open until the block ends."""
+    from tensorless_deploy.facts.pyinfra import DeployedUnits
+
+    state = new_state(inventory)
+    try:
+        found = on_each_host(
+            state,
+            hosts,
+            lambda h: DeployedUnits.typed(h.get_fact(DeployedUnits)),
+            keep_connected=True,
+        )
+        targets: list[BenchTarget] = []
+        failed: list[str] = []
+        for host, units in zip(hosts, found, strict=True):
+            if isinstance(units, str):
+                failed.append(f"{host.name}: {units}")
+                continue
+            targets += _host_targets(host, units, entries, card, failed)
+        yield targets, failed
+    finally:
+        disconnect(hosts)
+
+
+def _host_targets(
+    host: Any,
+    units: Sequence[DeployedUnit],
+    entries: Sequence[Entry],
+    card: str | None,
+    failed: list[str],
+) -> list[BenchTarget]:
+    """One host's bench targets; what cannot be measured there is added to failed."""
+    from tensorless_deploy.fleet.connect import loopback
+    from tensorless_deploy.local.bench import over_channel, tls_context
+
+    chosen = [e for e in entries if not card or e.recipe.card.id == card]
+    # the key the host was given (tensorless_api_key_file), read here, sent by this client
+    key = _host_key(host)
+    instances: list[tuple[DeployedUnit, Entry]] = []
+    refused: list[str] = []
+    for unit in model_units(units, entries):  # every card's, every instance's
+        judged = unit_recipe(unit, entries)
+        if isinstance(judged, str):
+            refused.append(f"{host.name}: {judged}")
+        elif judged in chosen:
+            instances.append((unit, judged))
+    failed.extend(refused)
+    if not instances:
+        if not refused:
+            want = " or ".join(unit_name(e.recipe) for e in chosen)
+            failed.append(f"{host.name}: {want} is not deployed here")
+        return []
+    out: list[BenchTarget] = []
+    for unit, entry in instances:
+        labels = unit.container_labels or unit.unit_labels
+        port_text = labels.get(LABEL_PORT, "")
+        if not port_text.isdigit():
+            failed.append(f"{host.name}: {unit.name} carries no {LABEL_PORT} label")
+            continue
+        port = int(port_text)
+        bind = reach_host(labels.get(LABEL_BIND, DEFAULT_BIND))
+        tuned = {"true": True, "false": False}.get(labels.get(LABEL_TUNED, ""))
+        # https inside the SSH channel: the host key vouches for the other end, and the
+        # certificate names the host, not its loopback
+        tls = tls_context(verify=False) if labels.get(LABEL_TLS) == "true" else None
+        where = f"{host.name} {unit.name} ({address(bind, port)} over ssh)"
+        out.append((where, over_channel(loopback(host, bind, port), tls), tuned, key, entry))
+    return out
+
+
+def _host_key(host: Any) -> str | None:
+    """The API key in the file the inventory gives the host (tensorless_api_key_file), read on
+    this machine; a usage error naming the host where it cannot be read."""
+    path = options_for(host, Flags()).api_key_file
+    if path is None:
+        return None
+    try:
+        return api_key(path)
+    except ValueError as exc:
+        raise UsageError(f"{host.name}: tensorless_api_key_file: {exc}") from None
+
+
 def unit_paths(name: str) -> tuple[str, str]:
     """Where a unit of this tool may be: quadlet first, then the plain .service."""
     return (f"{QUADLET_DIR}/{name}.container", f"{SYSTEMD_DIR}/{name}.service")
@@ -250,7 +365,7 @@ def stop(
     """Stop and remove the model's units on every host (every card's, every instance's): found
     on the host by their model label, so a unit whose recipe left the catalog goes too; with
     purge, the model files of the catalog's recipes for it as well."""
-    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.unit import removed
 
     entries = catalog.find(model) if purge else catalog.find_or_none(model)
@@ -324,7 +439,7 @@ def rollback(
 ) -> list[HostResult]:
     """Bring back, on every host, the previous unit kept for each of the model's units,
     health-gated; a unit with no previous one kept fails that host (nothing to go back to)."""
-    from tensorless_deploy.fleet.apply import Step, apply_steps
+    from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.unit import rolled_back
 
     entries = catalog.find_or_none(model)
