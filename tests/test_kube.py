@@ -42,10 +42,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes_validate import utils as kv_utils
 
-from tensorless_deploy.cli.export import POD_VOLUME_ROOT, Export, build_export, init_step
-from tensorless_deploy.decisions.options import Flags, Options, check_flags, parse_instances
+from tensorless_deploy.decisions.checks import secret_file_checks
+from tensorless_deploy.decisions.options import (
+    Flags,
+    Options,
+    check_flags,
+    parse_instances,
+    resolve,
+)
 from tensorless_deploy.errors import UsageError
 from tensorless_deploy.facts.values import LABEL_RECIPE_DIGEST, LABEL_TUNED, HostFacts
+from tensorless_deploy.fleet.export import POD_VOLUME_ROOT, Export, build_export, init_step
 from tensorless_deploy.hostplan.plan import plan_host
 from tensorless_deploy.launch import kube
 from tensorless_deploy.launch.container import Option
@@ -361,6 +368,104 @@ def test_same_image_args_env_and_model_as_deploys_unit(data: dict[str, Any]) -> 
         deployed, options=tuple(o for o in deployed.options if o not in secret_mounts)
     )
     assert [d.field for d in drift(deployed, exported, "", "")] == ["card"]
+
+
+SECRETS = TESTS / "fixtures" / "secrets"
+# One command line each, for both targets: what export and deploy must decide alike
+AS_DEPLOY = [
+    pytest.param(
+        {"cors_origins": "https://a.example, https://b.example", "insecure_open": True},
+        id="origins-as-typed",
+    ),
+    pytest.param(
+        {"instances": "2", "port": 9000, "metrics": True, "insecure_open": True},
+        id="two-instances-metrics",
+    ),
+    pytest.param(
+        {
+            "instances": "2",
+            "port": 65534,
+            "context": 2048,
+            "extra_args": ["--no-warmup"],
+            "api_key_file": str(SECRETS / "api.key"),
+            "tls_cert_file": str(SECRETS / "tls.crt"),
+            "tls_key_file": str(SECRETS / "tls.key"),
+            "cors_origins": "*",
+        },
+        id="key-tls-last-ports",
+    ),
+]
+
+
+@pytest.mark.parametrize("fmt", kube.TARGETS)
+@pytest.mark.parametrize("given", AS_DEPLOY)
+def test_export_decides_as_the_host_plan(fmt: kube.Target, given: dict[str, Any]) -> None:
+    """export is a renderer of the host plan: for the same command line, deploy's plan of a
+    host with the recipe's cards (resolve, layout, the launch spec; llama-server bound to the
+    pod's address) has the instances the export renders, by name and port, with the same
+    llama-server argv and env (on kube one pod of it, as many replicas as asked). export once
+    decided these again: `--cors-origins "https://a.example, https://b.example"` reached the
+    pod's argv as typed, where deploy gives llama-server the origins resolved
+    (https://a.example,https://b.example)."""
+    recipe = _recipe({"recipe": "tiny"})
+    flags = _flags(given)
+    out = build_export(recipe, flags, fmt, recipe_digest(recipe))
+    count = flags.instances if isinstance(flags.instances, int) else 1
+    pods = 1 if fmt == "kube" else count
+    options = resolve(dataclasses.replace(flags, bind=kube.POD_BIND, instances=pods))
+    entry = Entry(f"{recipe.model.hf_repo}/{recipe.card.id}.toml", recipe)
+    plan = plan_host("gpu1", _host_facts(), [entry], options, sizing=None)
+    assert len(plan.instances) == pods
+    deployed = [(i.name, i.spec.port, i.spec.server_args, i.spec.env) for i in plan.instances]
+    exported = [(w.spec.name, w.spec.port, w.spec.server_args, w.spec.env) for w in out.workloads]
+    assert exported == deployed
+    assert [w.replicas for w in out.workloads] == [count // pods] * pods
+    server = out.documents[0]["spec"]["template"]["spec"]["containers"][0]
+    assert server["args"] == list(plan.instances[0].spec.server_args)
+
+
+def test_the_operators_files_are_checked_as_deploy_checks_them(tmp_path: Path) -> None:
+    """export once read the key file itself and never the TLS pair: a certificate that is no
+    PEM was named in the manifest (the pod failed only once the operator made its Secret),
+    where deploy's api.tls_files check refuses it. Now the same checks refuse both."""
+    recipes = _catalog(tmp_path / "r")
+    base = ("export", "tiny", "--recipes", str(recipes), "--format", "podman-kube")
+    cert, key = str(SECRETS / "api.key"), str(SECRETS / "tls.key")  # a key is no certificate
+    deploy = secret_file_checks(resolve(Flags(tls_cert_file=cert, tls_key_file=key)))
+    (tls,) = [c for c in deploy if c.id == "api.tls_files"]
+    assert tls.status == "fail"
+    proc = cli(*base, "--tls-cert-file", cert, "--tls-key-file", key)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("--tls-cert-file/--tls-key-file: ") and tls.evidence in line, line
+    ok = cli(*base, "--tls-cert-file", str(SECRETS / "tls.crt"), "--tls-key-file", key)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_every_format_has_a_placement_and_a_renderer() -> None:
+    """A --format value is a row of hostplan.export.FORMATS and one of fleet.export.RENDERERS
+    (docs/architecture.md, "Adding an export target"); export's --format offers exactly them."""
+    from tensorless_deploy.fleet.export import RENDERERS
+    from tensorless_deploy.hostplan.export import FORMATS
+
+    assert tuple(FORMATS) == tuple(RENDERERS) == kube.TARGETS
+    assert f"--format {{{','.join(FORMATS)}}}" in cli("export", "--help").stdout
+
+
+def test_cli_export_only_parses_calls_and_prints() -> None:
+    """cli/export.py decides nothing: it imports no launch, operations or facts module (at
+    run time or for the type checker); the plan is hostplan.export's, the manifest
+    fleet.export's."""
+    from tests.test_layers import REPO as ROOT_DIR
+    from tests.test_layers import ROOT, imports_of
+
+    path = ROOT / "cli" / "export.py"
+    source = path.read_text(encoding="utf-8")
+    seen = {i.target for i in imports_of(path, ROOT, ROOT_DIR)}
+    seen |= set(re.findall(r"from (tensorless_deploy\.[\w.]+) import", source))
+    below = ("launch", "operations", "facts")
+    assert not [t for t in seen if t.split(".")[1] in below], seen
+    assert "tensorless_deploy.fleet.export" in seen
 
 
 # ------------------------------------------------------------------------------------- refusals

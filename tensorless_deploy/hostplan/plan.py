@@ -271,6 +271,46 @@ def layout(
     return Layout(tuple((instance_name(base, i), ports[i], g) for i, g in enumerate(chosen)))
 
 
+def instance_spec(
+    recipe: Recipe,
+    options: Options,
+    *,
+    engine: EngineName,
+    model_path: str,
+    gpus: Sequence[Gpu],
+    cpus: int | None,
+    name: str,
+    port: int,
+    bind: str | None = None,
+    heal: bool = True,
+    secrets_root: str = SECRETS_DIR,
+) -> LaunchSpec:
+    """One instance's launch spec from the resolved options: what every plan (a host's, an
+    export target's) passes to build_launch_spec. gpus: its cards (none: the target's scheduler
+    picks one); bind: where llama-server binds, when not options.bind (in a pod, its own
+    address)."""
+    return build_launch_spec(
+        recipe,
+        engine=engine,
+        model_path=model_path,
+        gpu_uuids=[g.uuid for g in gpus if g.uuid is not None],
+        cpus=cpus,
+        port=port,
+        bind=options.bind if bind is None else bind,
+        context=options.context,
+        extra_args=options.extra_args,
+        name=name,
+        api_key=options.api_key_file is not None,
+        tls=options.tls,
+        metrics=options.metrics,
+        pids_limit=options.pids_limit,
+        heal=heal,
+        secrets_root=secrets_root,
+        device=expected_device(recipe.engine.arch, gpus),
+        cors_origins=options.cors_origins,
+    )
+
+
 def surplus_units(
     facts: HostFacts, base: str, keep: Sequence[str], model: str | None = None
 ) -> tuple[ToolUnit, ...]:
@@ -412,26 +452,17 @@ def _spec(
 ) -> LaunchSpec:
     """The launch spec of one laid-out instance (unit name, port, card)."""
     name, port, gpu = slot
-    gpus = (gpu,)
-    return build_launch_spec(
+    return instance_spec(
         recipe,
+        options,
         engine=writer.engine,
         model_path=paths.blob,
-        gpu_uuids=[g.uuid for g in gpus if g.uuid is not None],
+        gpus=(gpu,),
         cpus=facts.cpus,
-        port=port,
-        bind=options.bind,
-        context=options.context,
-        extra_args=options.extra_args,
         name=name,
-        api_key=options.api_key_file is not None,
-        tls=options.tls,
-        metrics=options.metrics,
-        pids_limit=options.pids_limit,
+        port=port,
         heal=writer.heal,
         secrets_root=secrets_root,
-        device=expected_device(recipe.engine.arch, gpus),
-        cors_origins=options.cors_origins,
     )
 
 
