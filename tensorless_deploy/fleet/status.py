@@ -33,13 +33,13 @@ from tensorless_deploy.hostplan.status import (
     unit_status,
 )
 from tensorless_deploy.hostplan.targets import Job, Skipped
-from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import (
     SECRETS_DIR,
     secrets_dir,
     unit_model_slug,
 )
 from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths, slug, unit_name
+from tensorless_deploy.shell import QUADLET_DIR, SYSTEMD_DIR
 
 
 @dataclass(frozen=True)
