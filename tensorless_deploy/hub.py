@@ -106,7 +106,17 @@ class CachePaths:
 
     def stamp_text(self, size: int, mtime: int) -> str:
         """What the stamp says of a verified blob: unchanged while size and mtime are."""
-        return f"{size} {mtime} {self.blob}"
+        return stamp_text(size, mtime, self.blob)
+
+
+# A verification stamp: the blob's size, mtime and path, one line. On hosts it is written and
+# read back as `stat -c STAMP_STAT BLOB` prints it (scripts/host.sh stamp_of, bound from here).
+STAMP_STAT = "%s %Y %n"
+
+
+def stamp_text(size: int, mtime: int, path: str) -> str:
+    """What STAMP_STAT prints for a file of this size and mtime at path."""
+    return f"{size} {mtime} {path}"
 
 
 def cache_paths(

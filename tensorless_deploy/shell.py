@@ -4,6 +4,13 @@
 A script names its parameters at the top: ``: "${name:?}"`` (required) or ``: "${name=}"``
 (optional, empty when not given); ``bind`` puts one quoted assignment per parameter before it,
 so no value is ever parsed as shell.
+
+A script that says ``# needs: NAME.sh`` (one line per file) gets that file's functions before
+it (``program``): a NAME.sh of its own package, or ``host.sh`` (tensorless_deploy/scripts), the
+functions every layer's scripts share with values the Python side uses too: the unit files'
+directories and name prefix, the time bound of a GET of a server, the sha256 of a file and the
+verification stamp. Those values are the constants below (and ``hub.STAMP_STAT``), bound into
+every program that needs host.sh (``host_values``): a script has no copy of its own.
 """
 
 from __future__ import annotations
@@ -13,14 +20,66 @@ import shlex
 from functools import cache
 from importlib import resources
 
+from tensorless_deploy import hub
+
+# Every unit this tool writes is named UNIT_PREFIX + ... (recipe.catalog.unit_name), as a
+# quadlet in QUADLET_DIR or a plain service in SYSTEMD_DIR (launch.render).
+UNIT_PREFIX = "tensorless-"
+QUADLET_DIR = "/etc/containers/systemd"
+SYSTEMD_DIR = "/etc/systemd/system"
+# How long one GET of a server's /health (or /metrics) may take, everywhere: the container's own
+# health check (launch.container), the host scripts' probes (host.sh http_code) and the Python
+# ones (facts.pyinfra.HttpStatus, local.run). One bound, so every reader calls the same server
+# alive: a probe shorter than the unit's own check would call a server not answering that
+# podman counts healthy.
+HEALTH_TIMEOUT_S = 5
+
+HOST_LIB = "host"
+_BASE = "tensorless_deploy"
 _DECLARATION = re.compile(r"^: (.*)$", re.MULTILINE)
 _PARAM = re.compile(r'"\$\{([a-z_][a-z0-9_]*)(:\?|=)\}"')
+_NEEDS = re.compile(r"^# needs: ([a-z-]+)\.sh$", re.MULTILINE)
 
 
 @cache
 def load(package: str, name: str) -> str:
     """The text of ``<package>/scripts/<name>.sh``, shipped in the wheel."""
     return (resources.files(package) / "scripts" / f"{name}.sh").read_text(encoding="utf-8")
+
+
+def host_values() -> dict[str, str | int]:
+    """host.sh's parameters: the Python constants it shares, as they are now."""
+    return {
+        "td_unit_prefix": UNIT_PREFIX,
+        "td_quadlet_dir": QUADLET_DIR,
+        "td_systemd_dir": SYSTEMD_DIR,
+        "td_http_max_time": HEALTH_TIMEOUT_S,
+        "td_stamp_stat": hub.STAMP_STAT,
+    }
+
+
+def _needed(package: str, text: str, seen: list[tuple[str, str]]) -> None:
+    """The libraries ``text`` needs, and theirs, each once, a library before what needs it."""
+    for name in _NEEDS.findall(text):
+        where = _BASE if name == HOST_LIB else package
+        if (where, name) not in seen:
+            _needed(where, load(where, name), seen)
+            seen.append((where, name))
+
+
+def program(package: str, name: str, /, **params: str | int) -> str:
+    """``<package>/scripts/<name>.sh`` as shell text: what it needs first, then the script,
+    its parameters bound (host.sh's from ``host_values``)."""
+    text = load(package, name)
+    libs: list[tuple[str, str]] = []
+    _needed(package, text, libs)
+    values = {**host_values(), **params} if (_BASE, HOST_LIB) in libs else params
+    return bind("\n".join([*(load(*lib) for lib in libs), text]), **values)
+
+
+def with_host_lib(command: str) -> str:
+    """A one-off command line that calls host.sh's functions, with the library bound."""
+    return bind(load(_BASE, HOST_LIB) + command, **host_values())
 
 
 def params(script: str) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -327,9 +327,10 @@ def test_port_verdict_matches_the_kernel(listeners: list[socket.socket]) -> None
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_host_scripts_are_shellcheck_clean() -> None:
-    """Every program that runs on hosts (tensorless_deploy/*/scripts/*.sh) is POSIX sh that
+    """Every program that runs on hosts (tensorless_deploy/scripts/*.sh and */scripts/*.sh) is
+    POSIX sh that
     shellcheck accepts."""
     root = Path(__file__).parent.parent / "tensorless_deploy"
-    scripts = sorted(root.glob("*/scripts/*.sh"))
+    scripts = sorted([*root.glob("scripts/*.sh"), *root.glob("*/scripts/*.sh")])
     assert scripts
     subprocess.run(["shellcheck", "-s", "sh", *map(str, scripts)], check=True)

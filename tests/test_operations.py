@@ -104,6 +104,8 @@ def _bound_script(text: str) -> dict[str, Any] | None:
         while m := _BIND.match(body, pos):
             params[m.group(1)] = shlex.split(m.group(2))[0]
             pos = m.end()
+        # host.sh's values are the program's own (shell.host_values), bound whatever the params
+        params = {k: v for k, v in params.items() if k not in shell.host_values()}
         again = _run.script(name, **params).get_raw_value()
         assert again == text, f"{name}: the parameters read back do not rebuild the command"
         return {"script": name, "params": params}

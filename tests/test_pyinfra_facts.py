@@ -6,19 +6,20 @@ A scenario is::
     {
       "description": "REAL: captured from ... | MALFORMED: ...",
       "args": {...},                 # FactClass().command(**args)
-      "command": "..." | "sections": [...] | "script": "NAME",
+      "command": "..." | "host_command": "..." | "sections": [...] | "script": "NAME",
       "output": ["line", ...],       # the stdout lines pyinfra hands to process()
       "fact": value | "error": "substring of the FactProcessError",
       "properties": {"verified": true}   # optional: attributes of the value
     }
 
 The command is pinned by its text, or for a survey fact by the names of the sections its script
-prints (in order), or for a script fact by its ``facts/scripts/NAME.sh`` (bound to the args,
-where there are any); a fact whose command runs under the survey's time bound is pinned by the
-command inside ``bounded_command``. Empty output reads as
-the fact's ``default()``, as pyinfra's fact gathering does. Outputs are captured from the test
-hosts with ``tests/pyinfra_facts/capture.py`` (REAL in the description) except where a scenario
-is about malformed output (MALFORMED, written by hand).
+prints (in order), or for a command line that calls host.sh's functions by the line after the bound
+library (``host_command``), or for a script fact by its ``facts/scripts/NAME.sh`` (bound to the
+args, where there are any); a fact whose command runs under the survey's time bound is pinned by the
+command inside ``bounded_command``. Empty output reads as the fact's ``default()``, as pyinfra's
+fact gathering does. Outputs are captured from the test hosts with
+``tests/pyinfra_facts/capture.py`` (REAL in the description) except where a scenario is about
+malformed output (MALFORMED, written by hand).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from tensorless_deploy.facts.survey import SECTION_MARKER, bound_preamble, bound
 
 SCENARIOS = Path(__file__).parent / "pyinfra_facts"
 KEYS = {"description", "args", "command", "sections", "script", "output", "fact", "error"}
-KEYS |= {"properties"}
+KEYS |= {"properties", "host_command"}
 
 
 def fact_classes() -> set[str]:
@@ -62,7 +63,9 @@ def _scenarios() -> list[Any]:
 
 
 # parameters a script fact binds whatever its arguments: the device lines it keeps of a start log
-ALWAYS_BOUND = {"deployed-units": {"secrets_root": "", "device_re": DEVICE_LINE}}
+ALWAYS_BOUND = {
+    "deployed-units": {"secrets_root": "", "device_re": DEVICE_LINE, "containers": "yes"}
+}
 
 
 def sections_of(command: str) -> list[str]:
@@ -82,7 +85,7 @@ def test_fact(path: Path) -> None:
     case = json.loads(path.read_text(encoding="utf-8"))
     assert set(case) <= KEYS, f"{path}: unknown keys {sorted(set(case) - KEYS)}"
     assert case["description"].startswith(("REAL: ", "MALFORMED: ")), path
-    pins = [k for k in ("command", "sections", "script") if k in case]
+    pins = [k for k in ("command", "host_command", "sections", "script") if k in case]
     assert len(pins) == 1, f"{path}: pin the command one way"
     assert ("fact" in case) != ("error" in case), f"{path}: give fact or error"
     fact = getattr(facts, path.parent.name)()
@@ -94,12 +97,13 @@ def test_fact(path: Path) -> None:
 
     if "command" in case:
         assert command == pinned(case["command"])
+    elif "host_command" in case:  # a command line that calls host.sh's functions
+        assert command == pinned(shell.with_host_lib(case["host_command"]))
     elif "sections" in case:
         assert sections_of(command) == case["sections"]
     else:
-        script = shell.load("tensorless_deploy.facts", case["script"])
         args = {**ALWAYS_BOUND.get(case["script"], {}), **case.get("args", {})}
-        assert command == pinned(shell.bind(script, **args) if args else script)
+        assert command == pinned(shell.program("tensorless_deploy.facts", case["script"], **args))
     lines: list[str] = case["output"]
     if "error" in case:
         with pytest.raises(FactProcessError) as raised:

@@ -9,6 +9,8 @@ import json
 
 from pydantic import ValidationError
 
+from tensorless_deploy.shell import SYSTEMD_DIR
+
 from .errors import FactError
 from .values import MaintenanceRecord
 
@@ -25,7 +27,7 @@ HOLD_TEXT = (
 def hold_dropin(service: str) -> str:
     """The drop-in of a unit's service (``NAME.service``): /etc/systemd/system wins over the
     quadlet generator's and over the unit's own file, for both kinds of unit."""
-    return f"/etc/systemd/system/{service}.d/{HOLD_DROPIN}"
+    return f"{SYSTEMD_DIR}/{service}.d/{HOLD_DROPIN}"
 
 
 def parse_maintenance(output: str, exit_code: int) -> MaintenanceRecord | None:

@@ -6,10 +6,11 @@ tool included, are values) or raises FactError when the text cannot be read at a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 # PyYAML comes with gguf and huggingface_hub (both project dependencies); it ships no stubs.
@@ -19,6 +20,7 @@ from .errors import FactError
 from .values import (
     CDI_GPU_KIND,
     COMPUTE_CAP,
+    LABEL_HEALTH,
     LABEL_PREFIX,
     Access,
     BlobState,
@@ -612,56 +614,25 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def parse_tool_state(output: str, exit_code: int) -> ToolState:
-    """The survey's ``tensorless`` section: lines ``@unit SHA256 PATH`` (then ``@label K=V``,
-    ``@health CODE`` and ``@device LINE`` for it), ``@blob SIZE MTIME PATH`` (then ``@stamp
-    TEXT``), ``@image REF`` and ``@images-ok ENGINE`` once that engine listed its images,
-    ``@link TARGET PATH`` per snapshot link."""
+    """The survey's ``tensorless`` section (facts/scripts/tool-state.sh): the unit blocks of
+    units.sh (``parse_unit_blocks``), then ``@blob SIZE MTIME PATH`` (then ``@stamp TEXT``),
+    ``@image REF`` and ``@images-ok ENGINE`` once that engine listed its images, ``@link TARGET
+    PATH`` per snapshot link."""
     if exit_code != 0:
         raise FactError(f"tool state: the survey section exited {exit_code}: {output.strip()}")
-    units: list[dict[str, Any]] = []
-    blobs: list[dict[str, Any]] = []
+    blobs: list[ModelBlobFile] = []
     images: list[str] = []
     images_engine: str | None = None
     links: dict[str, str] = {}
-    last: str | None = None  # which list the next @label/@health/@stamp belongs to
+    stamp_for: ModelBlobFile | None = None  # the blob the next @stamp belongs to
     for line in output.splitlines():
         word, _, rest = line.partition(" ")
-        if word == "@unit":
-            sha, _, path = rest.partition(" ")
-            m = _UNIT_FILE.search(path)
-            if not _SHA256.fullmatch(sha) or m is None or not path.endswith(m.group(0)):
-                raise FactError(f"tool state: unreadable unit line {line!r}")
-            kind = "quadlet" if m.group(2) == "container" else "service"
-            units.append(
-                {"path": path, "name": m.group(1), "kind": kind, "sha256": sha, "labels": {}}
-            )
-            last = "unit"
-        elif word == "@label" and last == "unit":
-            key, eq, value = rest.partition("=")
-            if eq and key.startswith(LABEL_PREFIX + "."):
-                units[-1]["labels"].setdefault(key, value)
-        elif word == "@health" and last == "unit":
-            units[-1]["health"] = int(rest) if rest.strip().isdigit() else 0
-        elif word == "@device" and last == "unit":
-            units[-1]["device_log"] = (*units[-1].get("device_log", ()), rest)
-        elif word == "@blob":
-            size, mtime, path = [*rest.split(" ", 2), "", ""][:3]
-            name = posixpath.basename(path)
-            if not (size.isdigit() and mtime.isdigit() and _SHA256.fullmatch(name)):
-                last = None  # not a blob this tool names (huggingface_hub's own, a partial)
-                continue
-            blobs.append(
-                {
-                    "path": path,
-                    "sha256": name,
-                    "size": int(size),
-                    "mtime": int(mtime),
-                    "stamp": None,
-                }
-            )
-            last = "blob"
-        elif word == "@stamp" and last == "blob":
-            blobs[-1]["stamp"] = rest.strip() or None
+        if word == "@blob":
+            stamp_for = _blob(rest)
+            if stamp_for is not None:
+                blobs.append(stamp_for)
+        elif word == "@stamp" and stamp_for is not None:
+            blobs[-1] = stamp_for.model_copy(update={"stamp": rest.strip() or None})
         elif word == "@image":
             images.append(rest.strip())
         elif word == "@images-ok":
@@ -670,13 +641,41 @@ def parse_tool_state(output: str, exit_code: int) -> ToolState:
             target, _, link = rest.partition(" ")
             if target and link:
                 links.setdefault(link, target)
-            last = None
+            stamp_for = None
     return ToolState(
-        units=tuple(ToolUnit(**u) for u in units),
-        blobs=tuple(ModelBlobFile(**b) for b in blobs),
+        units=tuple(_tool_unit(u) for u in parse_unit_blocks(output)),
+        blobs=tuple(blobs),
         images=tuple(i for i in images if "@sha256:" in i) if images_engine else None,
         images_engine=images_engine,
         links=links,
+    )
+
+
+def _blob(rest: str) -> ModelBlobFile | None:
+    """A ``@blob`` line's SIZE MTIME PATH; None: not a blob this tool names (huggingface_hub's
+    own, a partial)."""
+    size, mtime, path = [*rest.split(" ", 2), "", ""][:3]
+    name = posixpath.basename(path)
+    if not (size.isdigit() and mtime.isdigit() and _SHA256.fullmatch(name)):
+        return None
+    return ModelBlobFile(path=path, sha256=name, size=int(size), mtime=int(mtime), stamp=None)
+
+
+def _tool_unit(unit: DeployedUnit) -> ToolUnit:
+    """A unit block as the survey keeps it: a unit file of this tool's name, with its sha256."""
+    m = _UNIT_FILE.search(unit.path)
+    sha = unit.sha256 or ""
+    if not _SHA256.fullmatch(sha) or m is None or not unit.path.endswith(m.group(0)):
+        raise FactError(f"tool state: unreadable unit lines for {unit.path!r} (sha256 {sha!r})")
+    return ToolUnit(
+        path=unit.path,
+        name=m.group(1),
+        kind="quadlet" if m.group(2) == "container" else "service",
+        sha256=sha,
+        labels=unit.unit_labels,
+        # units.sh asks /health where the unit labels an address, and only there
+        health=unit.health if LABEL_HEALTH in unit.unit_labels else None,
+        device_log=unit.device_log,
     )
 
 
@@ -712,98 +711,122 @@ SERVICE_RESULTS = frozenset(
 )
 
 
-def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
-    """Blocks of ``@@unit NAME KIND PATH``, ``@@active``, ``@@systemd`` (NRestarts, Result and
-    SubState, in any order), ``@@sha FILE [WRITTEN]``, ``@@prev SHA``, ``@@text LINE``...,
-    ``@@inspect JSON``, ``@@device LINE``... (the running start's device lines), ``@@health
-    CODE``, and when /metrics was read ``@@metric NAME VALUE``... and ``@@metrics CODE``
-    (facts/scripts/deployed-units.sh)."""
-    units: list[DeployedUnit] = []
-    cur: dict[str, Any] | None = None
-    lines: list[str] = []
-    prev: list[str] = []
+def _code(text: str) -> int:
+    code = text.strip()
+    return int(code) if code.isdigit() else 0
 
+
+def _systemd(unit: dict[str, Any], rest: str) -> None:
+    # `systemctl show --value -p NRestarts -p Result -p SubState` prints the values in systemd's
+    # own order (Result first on systemd 252 and 257), not the order asked: each is told by its
+    # form
+    for word in rest.split():
+        if word.isdigit():
+            unit["restarts"] = int(word)
+        elif word in SERVICE_RESULTS:
+            unit["result"] = word
+        else:
+            unit["sub_state"] = word
+
+
+def _sha(unit: dict[str, Any], rest: str) -> None:
+    parts = rest.split()
+    unit["sha256"] = parts[0] if parts else None
+    unit["written_sha256"] = parts[1] if len(parts) > 1 else None
+
+
+def _text(unit: dict[str, Any], rest: str) -> None:
+    unit["text"].append(rest)
+    for m in _LABEL_LINE.finditer(rest):
+        unit["unit_labels"][m.group(1)] = m.group(2)
+
+
+def _inspect(unit: dict[str, Any], rest: str) -> None:
+    fields = rest.split("\t")
+    if len(fields) != 3:
+        return
+    try:
+        labels = json.loads(fields[0])
+    except ValueError:
+        return
+    if isinstance(labels, dict):
+        unit["container_labels"] = {
+            k: str(v) for k, v in labels.items() if k.startswith(LABEL_PREFIX + ".")
+        }
+        unit["image"] = fields[1].strip() or None
+        unit["image_id"] = fields[2].strip() or None
+
+
+def _metric(unit: dict[str, Any], rest: str) -> None:
+    parts = rest.split()
+    if len(parts) == 2:
+        with contextlib.suppress(ValueError):
+            unit.setdefault("metrics", {})[parts[0]] = float(parts[1])
+
+
+# What each line of a unit block (facts/scripts/units.sh) adds to the unit it belongs to
+_UNIT_LINES: dict[str, Callable[[dict[str, Any], str], None]] = {
+    "@@active": lambda u, rest: u.update(active=rest.strip() or "unknown"),
+    "@@systemd": _systemd,
+    "@@sha": _sha,
+    "@@prev": lambda u, rest: u.update(previous_sha256=rest.strip() or None),
+    "@@prevtext": lambda u, rest: u["previous_text"].append(rest),
+    "@@text": _text,
+    "@@inspect": _inspect,
+    "@@health": lambda u, rest: u.update(health=_code(rest)),
+    "@@device": lambda u, rest: u.update(device_log=(*u["device_log"], rest)),
+    "@@metrics": lambda u, rest: u.update(metrics_status=_code(rest)),
+    "@@metric": _metric,
+}
+_TEXT_LINES = ("@@text", "@@prevtext")  # a unit file's empty line: the word alone
+
+
+def _new_unit(line: str) -> dict[str, Any]:
+    _, name, kind, path = [*line.split(" ", 3), "", "", ""][:4]
+    return {
+        "name": name,
+        "kind": kind,
+        "path": path.strip(),
+        "active": "unknown",
+        "unit_labels": {},
+        "container_labels": {},
+        "image": None,
+        "image_id": None,
+        "health": 0,
+        "text": [],
+        "previous_text": [],
+        "device_log": (),
+    }
+
+
+def _unit(fields: dict[str, Any]) -> DeployedUnit:
     def joined(rows: list[str]) -> str:
         return "\n".join(rows) + "\n" if rows else ""
 
-    def close() -> None:
-        if cur is not None:
-            units.append(DeployedUnit(**cur, text=joined(lines), previous_text=joined(prev)))
+    text, previous = fields.pop("text"), fields.pop("previous_text")
+    return DeployedUnit(**fields, text=joined(text), previous_text=joined(previous))
 
+
+def parse_unit_blocks(text: str) -> tuple[DeployedUnit, ...]:
+    """The unit blocks of facts/scripts/units.sh, the one reader of the unit files: ``@@unit
+    NAME KIND PATH``, ``@@active``, ``@@systemd`` (NRestarts, Result and SubState, in any
+    order), ``@@sha FILE [WRITTEN]``, ``@@prev SHA``, ``@@prevtext LINE``..., ``@@text
+    LINE``..., ``@@inspect JSON``, ``@@device LINE``... (the running start's device lines),
+    ``@@health CODE``, and when /metrics was read ``@@metric NAME VALUE``... and ``@@metrics
+    CODE``. Other lines (the survey's own, around them) are not a unit's."""
+    units: list[dict[str, Any]] = []
     for line in text.splitlines():
-        if line.startswith("@@unit "):
-            close()
-            lines, prev = [], []
-            _, name, kind, path = [*line.split(" ", 3), "", "", ""][:4]
-            cur = {
-                "name": name,
-                "kind": kind,
-                "path": path.strip(),
-                "active": "unknown",
-                "unit_labels": {},
-                "container_labels": {},
-                "image": None,
-                "image_id": None,
-                "health": 0,
-            }
-        elif cur is None:
-            continue
-        elif line.startswith("@@active "):
-            cur["active"] = line.split(" ", 1)[1].strip() or "unknown"
-        elif line.startswith("@@systemd "):
-            # `systemctl show --value -p NRestarts -p Result -p SubState` prints the values in
-            # systemd's own order (Result first on systemd 252 and 257), not the order asked:
-            # each is told by its form
-            for word in line.split()[1:]:
-                if word.isdigit():
-                    cur["restarts"] = int(word)
-                elif word in SERVICE_RESULTS:
-                    cur["result"] = word
-                else:
-                    cur["sub_state"] = word
-        elif line.startswith("@@sha "):
-            parts = line.split()[1:]
-            cur["sha256"] = parts[0] if parts else None
-            cur["written_sha256"] = parts[1] if len(parts) > 1 else None
-        elif line.startswith("@@prev "):
-            cur["previous_sha256"] = line.split(" ", 1)[1].strip() or None
-        elif line.startswith("@@prevtext ") or line == "@@prevtext":
-            prev.append(line[11:])
-        elif line.startswith("@@text ") or line == "@@text":
-            lines.append(line[7:])
-            for m in _LABEL_LINE.finditer(line):
-                cur["unit_labels"][m.group(1)] = m.group(2)
-        elif line.startswith("@@inspect "):
-            fields = line.split(" ", 1)[1].split("\t")
-            if len(fields) != 3:
-                continue
-            try:
-                labels = json.loads(fields[0])
-            except ValueError:
-                continue
-            if isinstance(labels, dict):
-                cur["container_labels"] = {
-                    k: str(v) for k, v in labels.items() if k.startswith(LABEL_PREFIX + ".")
-                }
-                cur["image"] = fields[1].strip() or None
-                cur["image_id"] = fields[2].strip() or None
-        elif line.startswith("@@health "):
-            code = line.split(" ", 1)[1].strip()
-            cur["health"] = int(code) if code.isdigit() else 0
-        elif line.startswith("@@device "):
-            cur["device_log"] = (*cur.get("device_log", ()), line[9:])
-        elif line.startswith("@@metrics "):
-            code = line.split(" ", 1)[1].strip()
-            cur["metrics_status"] = int(code) if code.isdigit() else 0
-        elif line.startswith("@@metric "):
-            parts = line.split()
-            if len(parts) == 3:
-                try:
-                    cur.setdefault("metrics", {})[parts[1]] = float(parts[2])
-                except ValueError:
-                    continue
-    close()
-    return tuple(units)
+        word, sep, rest = line.partition(" ")
+        if word == "@@unit" and sep:
+            units.append(_new_unit(line))
+        elif units and word in _UNIT_LINES and (sep or word in _TEXT_LINES):
+            _UNIT_LINES[word](units[-1], rest)
+    return tuple(_unit(u) for u in units)
+
+
+def parse_deployed_units(text: str) -> tuple[DeployedUnit, ...]:
+    """What facts/scripts/deployed-units.sh printed: units.sh's blocks, containers included."""
+    return parse_unit_blocks(text)
 
 
 _APP_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{8,64}")

@@ -12,6 +12,8 @@ from typing import Any, TypedDict
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
+from tensorless_deploy import shell
+
 from .errors import FactError
 from .nvidia import parse_driver_packages
 from .survey import (
@@ -30,7 +32,7 @@ TOOLKIT_UNIT_DIRS = ("/usr/lib/systemd/system", "/lib/systemd/system")
 TOOLKIT_REFRESH_PATH = "nvidia-cdi-refresh.path"
 OUR_REFRESH_SERVICE = "tensorless-cdi-refresh.service"
 OUR_REFRESH_PATH = "tensorless-cdi-refresh.path"
-OUR_UNIT_DIR = "/etc/systemd/system"
+OUR_UNIT_DIR = shell.SYSTEMD_DIR
 # makes the NVIDIA device nodes and their /dev/char links at every boot (operations.prepare)
 OUR_NODES_SERVICE = "tensorless-nvidia-devices.service"
 
@@ -103,7 +105,7 @@ class GpuCdiSpecs(FactBase[list[GpuSpec]]):
 
 def _sha(key: str, path: str) -> str:
     p = shlex.quote(path)
-    return f"if [ -f {p} ]; then echo {key}=$(sha256sum {p} | cut -d' ' -f1); fi"
+    return f"if [ -f {p} ]; then echo {key}=$(hashit {p}); fi"
 
 
 def _enabled(key: str, unit: str) -> str:
@@ -116,15 +118,17 @@ class CdiRefresh(FactBase[RefreshState]):
 
     def command(self) -> str:
         toolkit = " ".join(shlex.quote(f"{d}/{TOOLKIT_REFRESH_PATH}") for d in TOOLKIT_UNIT_DIRS)
-        return "; ".join(
-            [
-                f'for f in {toolkit}; do [ -f "$f" ] && echo toolkit_units=yes; done',
-                _enabled("toolkit_path_enabled", TOOLKIT_REFRESH_PATH),
-                _sha("our_service_sha256", f"{OUR_UNIT_DIR}/{OUR_REFRESH_SERVICE}"),
-                _sha("our_path_sha256", f"{OUR_UNIT_DIR}/{OUR_REFRESH_PATH}"),
-                _enabled("our_path_enabled", OUR_REFRESH_PATH),
-                "true",
-            ]
+        return shell.with_host_lib(
+            "; ".join(
+                [
+                    f'for f in {toolkit}; do [ -f "$f" ] && echo toolkit_units=yes; done',
+                    _enabled("toolkit_path_enabled", TOOLKIT_REFRESH_PATH),
+                    _sha("our_service_sha256", f"{OUR_UNIT_DIR}/{OUR_REFRESH_SERVICE}"),
+                    _sha("our_path_sha256", f"{OUR_UNIT_DIR}/{OUR_REFRESH_PATH}"),
+                    _enabled("our_path_enabled", OUR_REFRESH_PATH),
+                    "true",
+                ]
+            )
         )
 
     def process(self, output: Iterable[str]) -> RefreshState:
@@ -162,12 +166,14 @@ class NodesAtBoot(FactBase[BootUnitState]):
     sha256, and whether it is enabled."""
 
     def command(self) -> str:
-        return "; ".join(
-            [
-                _sha("sha256", f"{OUR_UNIT_DIR}/{OUR_NODES_SERVICE}"),
-                _enabled("enabled", OUR_NODES_SERVICE),
-                "true",
-            ]
+        return shell.with_host_lib(
+            "; ".join(
+                [
+                    _sha("sha256", f"{OUR_UNIT_DIR}/{OUR_NODES_SERVICE}"),
+                    _enabled("enabled", OUR_NODES_SERVICE),
+                    "true",
+                ]
+            )
         )
 
     def process(self, output: Iterable[str]) -> BootUnitState:

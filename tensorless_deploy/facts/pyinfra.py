@@ -27,7 +27,7 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.facts import FactBase
 
 from tensorless_deploy import shell
-from tensorless_deploy.hub import DEFAULT_MODELS_DIR
+from tensorless_deploy.hub import DEFAULT_MODELS_DIR, STAMP_STAT
 
 from .device import DEVICE_LINE
 from .errors import FactError
@@ -316,7 +316,7 @@ class ModelBlob(_PlainFact[BlobState]):
     def command(self, blob: str, stamp: str, snapshot: str) -> str:
         b, s, n = shlex.quote(blob), shlex.quote(stamp), shlex.quote(snapshot)
         return bounded_command(
-            f"stat -c '%s %Y %n' {b} 2>/dev/null || echo missing; "
+            f"stat -c {shlex.quote(STAMP_STAT)} {b} 2>/dev/null || echo missing; "
             f'echo "$(cat {s} 2>/dev/null)"; echo "$(readlink {n} 2>/dev/null)"'
         )
 
@@ -330,8 +330,7 @@ class FileSha256(FactBase["str | None"]):
     def command(self, path: str) -> str:
         p = shlex.quote(path)
         return bounded_command(
-            f"if [ -f {p} ]; then (openssl dgst -sha256 -r {p} 2>/dev/null || sha256sum {p}) "
-            "| cut -d' ' -f1; else echo none; fi"
+            shell.with_host_lib(f"if [ -f {p} ]; then hashit {p}; else echo none; fi")
         )
 
     def process(self, output: Iterable[str]) -> str | None:
@@ -343,13 +342,10 @@ class HttpStatus(FactBase[int]):
     """The HTTP status a GET of url answers on the host (0: no connection)."""
 
     def command(self, url: str, head: bool = False) -> str:
-        return (
-            f"curl -s -k -o /dev/null -w '%{{http_code}}' --max-time 5 {'-I ' if head else ''}"
-            f"{shlex.quote(url)} 2>/dev/null || true"
-        )
+        return shell.with_host_lib(f"http_code {'-I ' if head else ''}{shlex.quote(url)} || true")
 
     def process(self, output: Iterable[str]) -> int:
-        text = "\n".join(output).strip()  # curl --max-time bounds it
+        text = "\n".join(output).strip()  # bounded: shell.HEALTH_TIMEOUT_S
         return int(text) if text.isdigit() else 0
 
 
@@ -365,8 +361,14 @@ class DeployedUnits(_PlainFact[tuple[DeployedUnit, ...]]):
     def command(self, secrets_root: str = "") -> str:
         """With secrets_root (where the units' API keys are), also each metrics-enabled unit's
         llama-server /metrics, read with its key."""
-        script = shell.load("tensorless_deploy.facts", "deployed-units")
-        return bounded_command(shell.bind(script, secrets_root=secrets_root, device_re=DEVICE_LINE))
+        script = shell.program(
+            "tensorless_deploy.facts",
+            "deployed-units",
+            secrets_root=secrets_root,
+            device_re=DEVICE_LINE,
+            containers="yes",
+        )
+        return bounded_command(script)
 
     def read(self, output: Iterable[str]) -> tuple[DeployedUnit, ...]:
         return parse_deployed_units("\n".join(_lines(output, "the units' state")))

@@ -262,9 +262,9 @@ def disk_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
 def tool_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
     """What this tool put on the host: units, model blobs and their stamps, engine images."""
     _check_models_dir(models_dir)
-    script = shell.load("tensorless_deploy.facts", "tool-state")
-    bound = shell.bind(
-        script,
+    bound = shell.program(
+        "tensorless_deploy.facts",
+        "tool-state",
         models_dir=models_dir,
         state_dir=host_state_dir(models_dir),
         device_re=DEVICE_LINE,

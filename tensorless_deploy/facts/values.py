@@ -21,6 +21,8 @@ from pydantic import (
     model_validator,
 )
 
+from tensorless_deploy.hub import stamp_text
+
 Version = tuple[int, ...]
 
 # Podman versions that gate unit kinds (docs/field-notes.md#quadlet-and-systemd): quadlet exists
@@ -639,7 +641,7 @@ class ToolState(FactModel):
         b = self.blob(blob)
         return (
             b is not None
-            and b.stamp == f"{b.size} {b.mtime} {b.path}"
+            and b.stamp == stamp_text(b.size, b.mtime, b.path)
             and self.links.get(snapshot) == target
         )
 
@@ -720,7 +722,13 @@ class BlobState:
     def verified(self) -> bool:
         """Verified before and untouched since: the stamp names this blob, its size and mtime
         (hub.CachePaths.stamp_text)."""
-        return self.exists and self.stamp == f"{self.size} {self.mtime} {self.path}"
+        return (
+            self.exists
+            and self.size is not None
+            and self.mtime is not None
+            and self.path is not None
+            and self.stamp == stamp_text(self.size, self.mtime, self.path)
+        )
 
 
 @dataclass(frozen=True)

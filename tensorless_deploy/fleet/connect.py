@@ -462,7 +462,7 @@ def run_script(
 
     from tensorless_deploy import shell
 
-    text = shell.bind(shell.load(package, script), **params)
+    text = shell.program(package, script, **params)
     command = StringCommand("sh -c " + shlex.quote(text))
     try:
         ok, output = host.run_shell_command(

@@ -49,7 +49,6 @@ from tensorless_deploy.hostplan.status import (
     unit_status,
 )
 from tensorless_deploy.hostplan.targets import Job, Skipped
-from tensorless_deploy.launch.render import QUADLET_DIR, SYSTEMD_DIR
 from tensorless_deploy.launch.spec import (
     LABEL_TLS,
     SECRETS_DIR,
@@ -57,6 +56,7 @@ from tensorless_deploy.launch.spec import (
     unit_model_slug,
 )
 from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths, slug, unit_name
+from tensorless_deploy.shell import QUADLET_DIR, SYSTEMD_DIR
 
 if TYPE_CHECKING:
     from tensorless_deploy.local.bench import Connect

@@ -13,10 +13,10 @@ from tensorless_deploy.launch.spec import (
     HEALTH_INTERVAL_S,
     HEALTH_RETRIES,
     HEALTH_STARTUP_INTERVAL_S,
-    HEALTH_TIMEOUT_S,
     TMPFS_DIRS,
     LaunchSpec,
 )
+from tensorless_deploy.shell import HEALTH_TIMEOUT_S
 
 # podman's --health-on-failure exists from 4.2 (the quadlet keys' version is the facts' own
 # QUADLET_MIN_PODMAN: a podman without them gets the plain unit)

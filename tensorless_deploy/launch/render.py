@@ -26,9 +26,8 @@ from tensorless_deploy.launch.spec import (
     RESTART_STEPS,
     LaunchSpec,
 )
+from tensorless_deploy.shell import QUADLET_DIR, SYSTEMD_DIR
 
-QUADLET_DIR = "/etc/containers/systemd"
-SYSTEMD_DIR = "/etc/systemd/system"
 # C0 controls (newline, carriage return, tab, escape...), DEL and the C1 controls (NEL...).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 

@@ -32,9 +32,10 @@ from tensorless_deploy.facts.values import (
     LABEL_RECIPE_DIGEST,
     LABEL_TUNED,
 )
-from tensorless_deploy.recipe.catalog import UNIT_PREFIX, recipe_digest, slug, unit_name
+from tensorless_deploy.recipe.catalog import recipe_digest, slug, unit_name
 from tensorless_deploy.recipe.flags import LAUNCHER
 from tensorless_deploy.recipe.schema import Recipe
+from tensorless_deploy.shell import UNIT_PREFIX
 
 MODEL_MOUNT_DIR = "/models"
 _PLAIN = re.compile(r"[A-Za-z0-9._+-]+")
@@ -45,8 +46,7 @@ START_TIMEOUT_BYTES_PER_S = 50_000_000
 # unhealthy: killed and restarted (a hung server is found within about 3 x 10 s + 5 s; where the
 # startup probe gates the check (podman 5) from the moment the server is up, else once the start
 # period, the start timeout, has passed).
-HEALTH_INTERVAL_S = 10
-HEALTH_TIMEOUT_S = 5
+HEALTH_INTERVAL_S = 10  # one probe may take shell.HEALTH_TIMEOUT_S, as every probe may
 HEALTH_RETRIES = 3
 HEALTH_STARTUP_INTERVAL_S = 1  # while loading, with Notify=healthy (podman 5)
 # An always-on server comes back from anything but a stop asked of systemd (Restart=always, no

@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
+from tensorless_deploy import shell
 from tensorless_deploy.decisions.device import DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.options import api_key_text, pem_text
 from tensorless_deploy.facts.device import DEVICE_LINE, parse_device_log
@@ -143,7 +144,7 @@ def health_status(url: str) -> int:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     try:
-        with urllib.request.urlopen(url, timeout=5, context=context) as resp:
+        with urllib.request.urlopen(url, timeout=shell.HEALTH_TIMEOUT_S, context=context) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Generator
 from typing import Any
@@ -15,16 +14,10 @@ Commands = Generator[Any, None, None]
 PACKAGE = "tensorless_deploy.operations"
 
 
-# "# needs: lib.sh" (the model scripts' functions) or "# needs: unit-lib.sh" (the unit scripts')
-_NEEDS = re.compile(r"^# needs: ([a-z-]+)\.sh$", re.MULTILINE)
-
-
 def bound(which: str, /, **params: str | int) -> str:
-    """operations/scripts/<which>.sh with its parameters bound, as shell text; a script that
-    says ``# needs: NAME.sh`` gets that file's functions before it."""
-    text = shell.load(PACKAGE, which)
-    libs = [shell.load(PACKAGE, name) for name in _NEEDS.findall(text)]
-    return shell.bind("\n".join([*libs, text]), **params)
+    """operations/scripts/<which>.sh with its parameters bound, as shell text (with what it
+    ``# needs:`` before it: shell.program)."""
+    return shell.program(PACKAGE, which, **params)
 
 
 def script(which: str, /, **params: str | int) -> StringCommand:

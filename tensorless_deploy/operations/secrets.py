@@ -66,9 +66,7 @@ class SecretFiles(FactBase[dict[str, tuple[str, int, int, str]]]):
         return {}
 
     def command(self, directory: str) -> str:
-        return "sh -c " + shlex.quote(
-            shell.bind(shell.load(PACKAGE, "secret-state"), dir=directory)
-        )
+        return "sh -c " + shlex.quote(shell.program(PACKAGE, "secret-state", dir=directory))
 
     def process(self, output: Iterable[str]) -> dict[str, tuple[str, int, int, str]]:
         out: dict[str, tuple[str, int, int, str]] = {}

@@ -18,6 +18,7 @@ from tensorless_deploy.hub import CachePaths, cache_paths, host_state_dir
 from tensorless_deploy.recipe.index import builtin_recipes_dir, recipe_files
 from tensorless_deploy.recipe.schema import Recipe
 from tensorless_deploy.recipe.text import quoted
+from tensorless_deploy.shell import UNIT_PREFIX
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -260,9 +261,6 @@ def _path_problems(rel: str, recipe: Recipe) -> list[str]:
             "rename the file or fix the key"
         )
     return problems
-
-
-UNIT_PREFIX = "tensorless-"
 
 
 def slug(text: str) -> str:

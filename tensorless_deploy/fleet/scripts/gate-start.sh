@@ -1,4 +1,5 @@
 #!/bin/sh
+# needs: host.sh
 # gate run's scratch instance: the container the deploy path runs (its argv is
 # launch.container.run_argv's), as a transient systemd unit of its own name: no unit file, no
 # daemon-reload, nothing a serving unit could notice. RuntimeMaxSec bounds it, so a controller
@@ -29,7 +30,7 @@ t0=$(date +%s)
 deadline=$((t0 + timeout))
 last=
 while :; do
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url" 2>/dev/null || true)
+  code=$(http_code "$url" || true)
   st=$(systemctl is-active "$svc" 2>/dev/null || true)
   case $st in
     active | activating) ;;

@@ -1,15 +1,8 @@
 # shellcheck shell=sh
-# Functions the model scripts share; prepended to them, with their parameters bound before.
+# needs: host.sh
+# Functions the model scripts share; prepended to them, with their parameters bound before
+# (hashit, hash_stream and stamp_of: host.sh).
 # shellcheck disable=SC2154  # blob, partial, sha, stamp, snapshot, target: the caller's params
-
-hashit() {  # OpenSSL where the host has it: six times faster than coreutils sha256sum
-  (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d" " -f1
-}
-
-hash_stream() {  # the sha256 of stdin, as the bytes arrive (never a second read of a file)
-  if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r; else sha256sum; fi |
-    cut -d" " -f1
-}
 
 size_of() { stat -c %s "$1" 2>/dev/null || echo 0; }
 
@@ -34,5 +27,5 @@ refuse_oversize() {  # refuse_oversize WHAT: more bytes than size_bytes is never
 stamp_and_link() {  # the snapshot link, and the stamp that spares the next run a hash
   mkdir -p "$(dirname "$stamp")" "$(dirname "$snapshot")"
   ln -sfn "$target" "$snapshot"
-  echo "$(stat -c '%s %Y' "$blob") $blob" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
+  stamp_of "$blob" > "$stamp.tmp" && mv -f "$stamp.tmp" "$stamp"
 }

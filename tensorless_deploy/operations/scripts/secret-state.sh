@@ -1,4 +1,5 @@
 #!/bin/sh
+# needs: host.sh
 # One line per file of a secrets directory: NAME MODE UID GID SHA256 (nothing: no directory).
 # The directory itself first, as "." MODE UID GID -.
 : "${dir:?}"
@@ -6,6 +7,5 @@
 echo ". $(stat -c '%a %u %g' "$dir") -"
 for f in "$dir"/* "$dir"/.secret.*; do
   [ -f "$f" ] || continue
-  sum=$( (openssl dgst -sha256 -r "$f" 2>/dev/null || sha256sum "$f") | cut -d" " -f1)
-  echo "${f##*/} $(stat -c '%a %u %g' "$f") $sum"
+  echo "${f##*/} $(stat -c '%a %u %g' "$f") $(hashit "$f")"
 done

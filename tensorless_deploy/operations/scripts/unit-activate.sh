@@ -1,15 +1,15 @@
 #!/bin/sh
+# needs: host.sh
 # needs: unit-lib.sh
 # (Re)start a unit, wait for /health 200, then read its start log: the instance must say it runs
-# where its unit's io.tensorless.device label says (on_card, lib.sh). A new unit that fails either
+# where its unit's io.tensorless.device label says (on_card, unit-lib.sh). A new unit that fails either
 # way gives way to the previous one. A failure says how long it really took and shows the journal
 # of this start ("  | " lines; the controller puts its first error line first, fleet.journal).
 : "${svc:?}" "${url:?}" "${timeout:?}" "${path:?}" "${kind:?}" "${verb:?}" "${device_re:?}"
 poll() {  # until /health answers 200, the unit fails, or the deadline passes
   deadline=$(( $(date +%s) + $1 ))
   while :; do
-    # -k: a TLS server's certificate is the operator's; this only asks whether it is up
-    code=$(curl -s -k -o /dev/null -w '%{http_code}' --max-time 5 "$url" 2>/dev/null || true)
+    code=$(http_code "$url" || true)
     [ "$code" = 200 ] && return 0
     st=$(systemctl is-active "$svc" 2>/dev/null || true)
     if [ "$st" = failed ]; then last="unit failed"; return 1; fi
@@ -66,7 +66,7 @@ fi
 if [ -f "$path.tensorless-prev" ]; then
   mv -f "$path.tensorless-prev" "$path"
   # poll the restored unit where it serves (its own health label), not the new unit's address
-  back=$(grep -o 'io\.tensorless\.health=[^" ]*' "$path" | head -n 1 | cut -d= -f2-)
+  back=$(health_url "$path")
   [ -n "$back" ] && url=$back
   if [ -f "$path.tensorless-prev-sha" ]; then mv -f "$path.tensorless-prev-sha" "$path.tensorless-sha"; fi
   systemctl daemon-reload

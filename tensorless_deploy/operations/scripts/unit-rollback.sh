@@ -1,4 +1,5 @@
 #!/bin/sh
+# needs: host.sh
 # needs: unit-lib.sh
 # Bring back the previous unit kept beside the current one, gated like a deploy (healthy, and on
 # the device its io.tensorless.device label names): the current unit becomes the kept one, so a
@@ -10,7 +11,7 @@ if [ ! -f "$prev" ]; then
   echo "no previous unit is kept for $svc: nothing to roll back to" >&2
   exit 1
 fi
-url=$(grep -o 'io\.tensorless\.health=[^" ]*' "$prev" | head -n 1 | cut -d= -f2-)
+url=$(health_url "$prev")
 swap() {  # current <-> kept, with the sha256 each was written with
   mv -f "$path" "$path.tensorless-swap"
   mv -f "$prev" "$path"
@@ -22,7 +23,7 @@ swap() {  # current <-> kept, with the sha256 each was written with
 healthy() {
   deadline=$(( $(date +%s) + timeout ))
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    [ "$(curl -s -k -o /dev/null -w '%{http_code}' --max-time 5 "$1" 2>/dev/null)" = 200 ] && return 0
+    [ "$(http_code "$1")" = 200 ] && return 0
     [ "$(systemctl is-active "$svc" 2>/dev/null)" = failed ] && return 1
     sleep 1
   done
