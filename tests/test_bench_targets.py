@@ -7,9 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from tensorless_deploy.facts.values import LABEL_CARD, LABEL_MODEL, DeployedUnit
 from tensorless_deploy.fleet.status import model_units, unit_recipe
 from tensorless_deploy.recipe.catalog import Entry, load_catalog
+
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,6 +17,8 @@ from tensorless_deploy.recipe.catalog import Entry
 from tensorless_deploy.recipe.schema import Recipe
 from tests.recipe_tools import example
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 TESTS = Path(__file__).parent
 CASES = sorted((TESTS / "decisions").glob("*.json"))
 

@@ -4,8 +4,12 @@ tests/test_docs_hosts.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from tensorless_deploy.cli.deploy import RESTORED, after_run, serving_after, summary
 from tensorless_deploy.fleet.runner import HostResult, Outcome, StepResult
+
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
 
 DIGEST = "sha256:" + "ab" * 32
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tensorless_deploy.cli import docsgen
 from tensorless_deploy.recipe.schema import Recipe
+
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
 
 
 def test_generated_docs_are_current() -> None:

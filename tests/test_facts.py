@@ -21,6 +21,8 @@ from tensorless_deploy.facts.errors import FactError
 from tensorless_deploy.facts.survey import host_facts_from_inventory, host_facts_from_survey
 from tensorless_deploy.facts.values import HostFacts, blocking_listeners
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 TESTS = Path(__file__).parent
 SCENARIOS = TESTS / "facts"
 FIXTURES = TESTS / "fixtures"

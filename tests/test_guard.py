@@ -6,11 +6,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tensorless_deploy.decisions import cards, guard
 from tensorless_deploy.decisions.checks import Check
 from tensorless_deploy.facts.survey import build_host_facts
 from tensorless_deploy.facts.values import DriverModule, DriverPackages, GpuReport
 from tests.test_docs import doctor_check_ids
+
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 

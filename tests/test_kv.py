@@ -34,6 +34,8 @@ from tensorless_deploy.gguf.kv import (
 
 from .gguf_tools import write_header_only, write_tiny_llama
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 MiB = 1024 * 1024
 NP1 = ["-np", "1"]
 

@@ -35,6 +35,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("cli",)),
     ("entry point", ("__main__",)),
 )
+# Layers the command line skips: it decides nothing of its own, so it reaches what runs on hosts
+# (launch/, operations/, facts/) only through the fleet, local and host-plan layers, whose
+# answers it prints. (decisions/ and gguf/ stay open to it: flags checked, headers read.)
+CLI = "cli"
+CLI_SKIPS = ("launch", "operations", "facts")
 # Flat modules allowed without counting: the package, its entry point, the exception tree.
 FLAT_FREE = {"__init__", "__main__", "errors"}
 MAX_OTHER_FLAT = 2
@@ -201,6 +206,37 @@ def test_no_import_breaks_the_layer_rule() -> None:
     assert not new, "imports against docs/architecture.md's layers:\n" + "\n".join(new)
 
 
+def cli_shortcuts(imports: list[Import]) -> list[str]:
+    """The imports by cli/ of a layer it must reach through fleet/, local/ or hostplan/."""
+    return [
+        f"{imp.file}:{imp.line}: imports {imp.target} (cli/ goes through fleet, local or hostplan)"
+        for imp in imports
+        if member_of(imp.source) == CLI and member_of(imp.target) in CLI_SKIPS
+    ]
+
+
+def test_cli_reaches_hosts_only_through_the_layers_that_decide() -> None:
+    found = sorted(set(cli_shortcuts(all_imports())))
+    assert not found, "\n".join(found)
+
+
+def test_cli_shortcut_is_caught(tmp_path: Path) -> None:
+    """The rule fails on an import it forbids, at any depth (inside a function too)."""
+    root = tmp_path / PACKAGE
+    (root / "cli").mkdir(parents=True)
+    (root / "launch").mkdir()
+    for f in ("__init__.py", "cli/__init__.py", "launch/__init__.py", "launch/spec.py"):
+        (root / f).write_text("")
+    (root / "cli" / "x.py").write_text(
+        "def f() -> None:\n    from tensorless_deploy.launch.spec import y\n"
+    )
+    found = cli_shortcuts(all_imports(root, tmp_path))
+    assert found == [
+        f"{PACKAGE}/cli/x.py:2: imports {PACKAGE}.launch.spec (cli/ goes through fleet, local or "
+        "hostplan)"
+    ]
+
+
 def test_allow_list_is_current() -> None:
     found = {v.key for v in violations(all_imports(), ROOT)}
     fixed = [f"{f}: {t}" for f, t in ALLOWED if (f, t) not in found]
@@ -337,3 +373,29 @@ def test_doc_parser_reads_ranked_rows() -> None:
     )
     text += "| 1 | top | `c/` |\n\n## Next\n| 5 | no | `z` |\n"
     assert doc_layers(text) == [("base", ("a", "b")), ("top", ("c",))]
+
+
+def unnamed_modules(text: str, root: Path = ROOT) -> list[str]:
+    """The modules of each layer folder that its row of the doc's table does not name (as
+    `module.py`): a module nobody wrote down is one a reader cannot find a place for."""
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and cells[0].isdigit():
+            for folder in re.findall(r"`([^`]+)/`", cells[2]):
+                rows[folder] = cells[3]
+    return [
+        f"{folder}/{module.name}"
+        for folder in sorted(p.name for p in root.iterdir() if (p / "__init__.py").is_file())
+        for module in sorted((root / folder).glob("*.py"))
+        if module.stem != "__init__" and f"`{module.name}`" not in rows.get(folder, "")
+    ]
+
+
+def test_architecture_doc_names_every_module() -> None:
+    missing = unnamed_modules(DOC.read_text())
+    assert not missing, (
+        f"{DOC.relative_to(REPO)}: the layer table's row of each folder names its modules "
+        "(`name.py`: what it holds); not named:\n" + "\n".join(missing)
+    )

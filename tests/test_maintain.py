@@ -4,6 +4,8 @@ The window itself, on real hosts: tests/test_maintain_hosts.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from tensorless_deploy.decisions.checks import Check, maintenance_check
 from tensorless_deploy.facts.maintain import HOLD_TEXT, MAINTENANCE_RECORD, hold_dropin
 from tensorless_deploy.facts.survey import build_host_facts
@@ -26,6 +28,8 @@ from tensorless_deploy.hostplan.maintain import (
     to_start,
     update_hint,
 )
+
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
 
 HEALTH = "http://127.0.0.1:8080/health"
 

@@ -21,6 +21,8 @@ from tensorless_deploy.hostplan.plan import HostPlan, SurveyedHost, plan_host
 from tensorless_deploy.recipe.catalog import Catalog, Entry, unit_name
 from tests.test_plan import FREE_PORT, MiB, headers_for, make_entry, survey_facts, tiny_path
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 __all__ = ["tiny_path"]  # the module fixture, shared with test_plan
 
 # mixed-p100-t4-podman5: P100 0 empty, P100 1 with 15876 of 16384 MiB used, a T4 (7.5)

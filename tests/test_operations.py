@@ -43,6 +43,8 @@ from pyinfra.context import ctx_host
 from tensorless_deploy import shell
 from tensorless_deploy.operations import _run
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 SCENARIOS = Path(__file__).parent / "operations"
 OPERATIONS_PACKAGE = "tensorless_deploy.operations"
 KEYS = {"description", "args", "env", "facts", "commands", "noop_description"}

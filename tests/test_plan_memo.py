@@ -13,6 +13,8 @@ from tensorless_deploy.hostplan.placement import plan_model
 from tensorless_deploy.hostplan.plan import SurveyedHost
 from tests.test_plan import headers_for, inv_host, make_entry, tiny_path
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 __all__ = ["tiny_path"]
 
 

@@ -36,6 +36,8 @@ from tensorless_deploy.recipe.catalog import Entry
 from tensorless_deploy.recipe.schema import Recipe
 from tests.recipe_tools import example
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 TESTS = Path(__file__).parent
 P100_A = "GPU-3f2c8a51-6d1e-4b7a-9c05-1e8d2f4a7b90"
 P100_B = "GPU-a7d41c9e-2b35-4f86-8e1a-5c9b0d3e6f21"

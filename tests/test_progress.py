@@ -12,6 +12,8 @@ import pytest
 from tensorless_deploy.cli import common
 from tensorless_deploy.cli.common import Bar, FleetProgress, rate_eta
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 
 class Terminal(io.StringIO):
     def isatty(self) -> bool:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tensorless_deploy.facts.values import ToolState
 from tensorless_deploy.fleet.prune import unused
 from tensorless_deploy.recipe.catalog import Catalog
 from tests.test_plan import make_entry, survey_facts, tiny_path
+
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
 
 __all__ = ["tiny_path"]
 

@@ -39,6 +39,8 @@ from tensorless_deploy.facts import pyinfra as facts
 from tensorless_deploy.facts.device import DEVICE_LINE
 from tensorless_deploy.facts.survey import SECTION_MARKER, bound_preamble, bounded_command
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 SCENARIOS = Path(__file__).parent / "pyinfra_facts"
 KEYS = {"description", "args", "command", "sections", "script", "output", "fact", "error"}
 KEYS |= {"properties", "host_command"}

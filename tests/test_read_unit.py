@@ -9,6 +9,8 @@ from tensorless_deploy.launch.read import drift, read_unit
 from tensorless_deploy.launch.render import render_quadlet, render_service
 from tests.render_cases import cases, recipe_for, spec_for
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 PODMAN = [c for c in cases() if c.data["spec"]["engine"] == "podman"]
 
 

@@ -14,6 +14,8 @@ from tensorless_deploy.recipe import load_catalog, recipe_digest
 from tensorless_deploy.recipe.flags import OWNED
 from tests.recipe_tools import example, variant, write_recipe
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 REL = "iamMrDuncan/Qwen3.8-27B-PN3-GGUF/p100.toml"
 DIGEST = "35409ff97c2f518e468790c28bd19206ae777a945fcffe5775585e28fd9939a7"
 

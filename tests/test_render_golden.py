@@ -41,6 +41,8 @@ from tensorless_deploy.launch.render import (
 from tensorless_deploy.launch.spec import LaunchSpec
 from tests.render_cases import INPUT, Case, cases, recipe_for, rendered_files, spec_for
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 REGEN = os.environ.get("TENSORLESS_REGEN_GOLDEN") == "1"
 CASES = cases()
 EXPECTED_CASES = {

@@ -25,6 +25,8 @@ from tensorless_deploy.launch.spec import LABEL_AUTH, LABEL_METRICS, LABEL_TLS, 
 from tensorless_deploy.operations.secrets import secret_command
 from tests.render_cases import recipe_for
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 FIXTURES = Path(__file__).parent / "fixtures" / "secrets"
 KEY = str(FIXTURES / "api.key")
 CERT = str(FIXTURES / "tls.crt")

@@ -25,6 +25,8 @@ from tensorless_deploy.hostplan.targets import (
 )
 from tensorless_deploy.launch.spec import LABEL_AUTH, LABEL_METRICS, LABEL_TLS
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 SCENARIOS = Path(__file__).parent / "pyinfra_facts" / "DeployedUnits"
 METRICS = Path(__file__).parent / "fixtures" / "llama-server" / "metrics.txt"
 

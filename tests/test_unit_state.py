@@ -9,6 +9,8 @@ import pytest
 
 from tensorless_deploy.facts.parsers import parse_deployed_units
 
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
+
 UNIT = "@@unit tensorless-x-p100 service /etc/systemd/system/tensorless-x-p100.service"
 
 

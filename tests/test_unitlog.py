@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tensorless_deploy.fleet.unitlog import excerpt, first_error, read_output
+
+pytestmark = pytest.mark.pure  # no process, no connection (tests/conftest.py)
 
 JOURNALS = Path(__file__).parent / "fixtures" / "journal"
 SINCE = "journalctl -u tensorless-tiny-p100.service --since @1796166605"
