@@ -24,7 +24,7 @@ from tensorless_deploy.decisions.checks import (
 from tensorless_deploy.decisions.options import Flags, Instances, Options, resolve
 from tensorless_deploy.errors import UsageError
 from tensorless_deploy.facts.values import Gpu
-from tensorless_deploy.hostplan.plan import instance_spec, layout
+from tensorless_deploy.hostplan.plan import instance_spec, layout, recipe_card
 from tensorless_deploy.hub import CachePaths
 from tensorless_deploy.launch.kube import GPU_RESOURCE, OPERATOR_SECRETS, POD_BIND, Target, Workload
 from tensorless_deploy.recipe.catalog import model_paths, unit_name
@@ -51,21 +51,6 @@ class ExportPlan:
     workloads: tuple[Workload, ...]
 
 
-def target_card(recipe: Recipe, index: int, uuid: str | None = None) -> Gpu:
-    """One card of the target as the recipe asks for it (compute capability, least memory,
-    oldest driver): the cluster's GPU feature discovery labels, or a card the host names."""
-    card = recipe.card
-    return Gpu(
-        index=index,
-        uuid=uuid,
-        name=card.title or card.id,
-        compute_cap=card.compute_capability,
-        memory_total_mib=card.min_memory_mib,
-        memory_used_mib=0,
-        driver_version=card.min_driver,
-    )
-
-
 def _host_cards(recipe: Recipe, choice: int | tuple[int | str, ...]) -> tuple[Gpu, ...]:
     """A host's cards: 0..N-1 for a count, else the ones named (GPU indices or UUIDs; a card
     named by UUID is numbered after every index named, so that none is taken for another)."""
@@ -74,9 +59,9 @@ def _host_cards(recipe: Recipe, choice: int | tuple[int | str, ...]) -> tuple[Gp
     cards = []
     for i, want in enumerate(named):
         if isinstance(want, int):
-            cards.append(target_card(recipe, want))
+            cards.append(recipe_card(recipe, want))
         else:
-            cards.append(target_card(recipe, after + i, want))
+            cards.append(recipe_card(recipe, after + i, want))
     return tuple(cards)
 
 
@@ -91,7 +76,7 @@ def _cards(recipe: Recipe, choice: Instances, target: Target) -> tuple[tuple[Gpu
             "--instances: a number on Kubernetes (the device plugin picks the cards), "
             f"not {','.join(map(str, choice))}"
         )
-    return (target_card(recipe, 0),), choice  # one pod's card, as many pods as asked
+    return (recipe_card(recipe, 0),), choice  # one pod's card, as many pods as asked
 
 
 def _refuse_open(options: Options, target: Target) -> None:

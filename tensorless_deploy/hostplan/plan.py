@@ -615,19 +615,25 @@ def dry_run_refusal(plan: HostPlan) -> str | None:
 PREVIEW_UUID = "GPU-PREVIEW"  # the card a preview stands for is not on this machine
 
 
-def with_preview_card(facts: HostFacts, recipe: Recipe) -> HostFacts:
-    """This machine's facts with its GPUs replaced by one card exactly as the recipe asks for
-    (compute capability, least memory, oldest driver): what `run --dry-run --card ID` previews
-    on a machine without that card. Labelled by PREVIEW_UUID wherever a device is named."""
+def recipe_card(recipe: Recipe, index: int, uuid: str | None = None) -> Gpu:
+    """One card exactly as the recipe asks for it (compute capability, least memory, oldest
+    driver): a preview's stand-in for a card not on this machine, an export target's card."""
     card = recipe.card
-    gpu = Gpu(
-        index=0,
-        uuid=PREVIEW_UUID,
+    return Gpu(
+        index=index,
+        uuid=uuid,
         name=card.title or card.id,
         compute_cap=card.compute_capability,
         memory_total_mib=card.min_memory_mib,
         memory_used_mib=0,
         driver_version=card.min_driver,
     )
+
+
+def with_preview_card(facts: HostFacts, recipe: Recipe) -> HostFacts:
+    """This machine's facts with its GPUs replaced by one card exactly as the recipe asks for
+    (compute capability, least memory, oldest driver): what `run --dry-run --card ID` previews
+    on a machine without that card. Labelled by PREVIEW_UUID wherever a device is named."""
+    gpu = recipe_card(recipe, 0, PREVIEW_UUID)
     report = facts.gpus.model_copy(update={"state": "ok", "gpus": (gpu,), "exit_code": 0})
     return facts.model_copy(update={"gpus": report})
