@@ -39,7 +39,10 @@ def _refuse(what: str) -> Any:
 
 @pytest.fixture(autouse=True)
 def _pure_guard(request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.node.get_closest_marker("pure") is None and not os.environ.get("TL_PURE_PROBE"):
+    node = request.node
+    if node.get_closest_marker("hosts") is not None or (
+        node.get_closest_marker("pure") is None and not os.environ.get("TL_PURE_PROBE")
+    ):
         yield
         return
     with pytest.MonkeyPatch.context() as mp:
