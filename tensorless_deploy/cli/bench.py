@@ -28,18 +28,6 @@ def _target_url(url: str) -> tuple[str, int, bool]:
     return parts.hostname, parts.port or (443 if secure else 80), secure
 
 
-def _key_from(path: str | None, what: str) -> str | None:
-    """The key in an API key file on this machine (never printed), or None."""
-    from tensorless_deploy.decisions.options import api_key
-
-    if path is None:
-        return None
-    try:
-        return api_key(path)
-    except ValueError as exc:
-        raise UsageError(f"{what}: {exc}") from None
-
-
 def bench_result(
     name: str, entry: Entry, summary: Summary, tuned: bool | None, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -101,7 +89,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
-    from tensorless_deploy.fleet.status import BenchTarget, bench_targets
+    from tensorless_deploy.fleet.status import BenchTarget, bench_targets, client_key
     from tensorless_deploy.local.bench import (
         BenchError,
         measure,
@@ -136,7 +124,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             host, port, secure = (
                 _target_url(args.url) if args.url else ("127.0.0.1", args.port, False)
             )
-            key = _key_from(args.api_key_file, "--api-key-file")
+            key = client_key(args.api_key_file, "--api-key-file")
             try:
                 tls = tls_context(args.cacert) if secure else None
             except OSError as exc:

@@ -279,16 +279,23 @@ def _host_targets(
     return out
 
 
-def _host_key(host: Any) -> str | None:
-    """The API key in the file the inventory gives the host (tensorless_api_key_file), read on
-    this machine; a usage error naming the host where it cannot be read."""
-    path = options_for(host, Flags()).api_key_file
+def client_key(path: str | None, what: str) -> str | None:
+    """The key in an API key file on this machine, for a client to send (never printed), or
+    None; a usage error naming what gave the file (a flag, a host's inventory key) where it
+    cannot be read."""
     if path is None:
         return None
     try:
         return api_key(path)
     except ValueError as exc:
-        raise UsageError(f"{host.name}: tensorless_api_key_file: {exc}") from None
+        raise UsageError(f"{what}: {exc}") from None
+
+
+def _host_key(host: Any) -> str | None:
+    """The API key in the file the inventory gives the host (tensorless_api_key_file), read on
+    this machine; a usage error naming the host where it cannot be read."""
+    path = options_for(host, Flags()).api_key_file
+    return client_key(path, f"{host.name}: tensorless_api_key_file")
 
 
 def unit_paths(name: str) -> tuple[str, str]:
