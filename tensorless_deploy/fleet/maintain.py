@@ -181,7 +181,7 @@ def end(
         starts = _end_doctor(state, live, catalog, flags, ends, out)
         ready = [h for h in live if h.name in starts]
         try:
-            done = apply_steps(state, ready, starts) if ready else {}
+            done = apply_steps(state, ready, starts)
         finally:
             disconnect(hosts)
         for h in ready:
@@ -242,7 +242,7 @@ def _end_cdi(
             cdi[h.name] = [Step("toolkit.cdi", cdi_spec, args)]
     live = [h for h in hosts if h.name in ends]
     try:
-        cdi_done = apply_steps(state, live, cdi) if live else {}
+        cdi_done = apply_steps(state, live, cdi)
     finally:
         disconnect(hosts)
     for h in live:

@@ -271,7 +271,9 @@ def apply_steps(
 ) -> dict[str, HostResult]:
     """Add every host's steps, run them all in parallel (unless dry), and say per host what
     happened: changed, unchanged, failed (a step failed or did not run), unreachable; with dry,
-    would change or no change."""
+    would change or no change. No hosts: nothing is added or run."""
+    if not hosts:
+        return {}
     metas = add_steps(state, hosts, steps)
     if not dry:
         names = {h.name: {m._hash: st.name for st, m in metas[h.name]} for h in hosts}
