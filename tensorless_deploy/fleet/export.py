@@ -1,7 +1,7 @@
 """export: the plan of an export target (hostplan.export) rendered as manifests (launch/kube.py),
 with the init step that runs the host's own download script (operations/scripts/
-model-download.sh with lib.sh): nothing restated here but the pod's paths. docs/kubernetes.md
-says what the manifests cover and not.
+model-download.sh with the libraries it needs): nothing restated here but the pod's paths.
+docs/kubernetes.md says what the manifests cover and not.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class Export:
 
 
 def init_step(recipe: Recipe, models_dir: str) -> InitStep:
-    """operations/scripts/model-download.sh (with lib.sh, as operations._run.script prepends
-    it) bound to the pod's cache paths and the pinned revision's URL; auth is left to the
+    """operations/scripts/model-download.sh (with the libraries it needs, as shell.program
+    prepends them) bound to the pod's cache paths and the pinned revision's URL; auth is left to the
     init program (the token comes from a Secret at run time)."""
     m = recipe.model
     paths = model_paths(models_dir, recipe)
