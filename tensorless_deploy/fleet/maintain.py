@@ -264,7 +264,8 @@ def _end_doctor(
 ) -> dict[str, list[Step]]:
     """Doctor, as doctor runs it, on each host as it is now (the window itself left out); where
     it passes, the steps that start the units again and close the window, by host."""
-    entries = [e for h in live for e in _models(ends[h.name].record, catalog)[1]]
+    held = {h.name: _models(ends[h.name].record, catalog) for h in live}
+    entries = [e for _, found in held.values() for e in found]
     surveyed, sizing = survey_and_size(state, live, flags, entries, keep_connected=True)
     starts: dict[str, list[Step]] = {}
     for h, s in zip(live, surveyed, strict=True):
@@ -273,7 +274,7 @@ def _end_doctor(
             out[h.name] = MaintainResult(h.name, "failed", s.error, e.record)
             continue
         facts = s.facts.model_copy(update={"maintenance": None})
-        models, _ = _models(e.record, catalog)
+        models = held[h.name][0]
         report = host_report(SurveyedHost(s.name, s.options, facts), catalog, models, sizing)
         checks: list[Check] = [c for p in report.plans for c in p.verdict.checks]
         problems = [p.problem for p in report.plans if p.problem]
