@@ -164,8 +164,15 @@ EOF
     echo "# the test registries on the gateways (one per host set) speak plain HTTP"
     for r in $ALL_REGISTRIES; do printf '[[registry]]\nlocation = "%s"\ninsecure = true\n\n' "$r"; done
   } > "$root/etc/containers/registries.conf.d/50-tensorless-tests.conf"
+  # The front door's engine (HAProxy, `gateway`) is the host's own package, not installed:
+  # prepare installs it. The hosts reach no mirror, so its .debs and the suite's package lists are
+  # left in apt's cache, as on a host behind a local mirror: there `apt-get update` fails softly
+  # (a warning, exit 0) and `apt-get install haproxy` reads the cache.
+  chroot "$root" apt-get update -q || return 1
+  chroot "$root" apt-get install -y -q --download-only haproxy || return 1
   # runs inside `if` (errexit is off there): the last command checks what the steps made
-  chroot "$root" id -u "$SUDO_USER_NAME" >/dev/null && [ -d "$root/home/$SUDO_USER_NAME" ] \
+  ls "$root"/var/cache/apt/archives/haproxy_*.deb >/dev/null \
+    && chroot "$root" id -u "$SUDO_USER_NAME" >/dev/null && [ -d "$root/home/$SUDO_USER_NAME" ] \
     && [ -s "$root/etc/containers/containers.conf" ] && [ -s "$root/etc/ssh/sshd_config.d/10-tensorless-tests.conf" ]
 }
 prepare_rootfs() { # prepare_rootfs SUITE PKGS DEST (background; writes $BASE/run/rootfs-SUITE.{rc,secs})
