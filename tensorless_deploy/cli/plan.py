@@ -120,7 +120,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    from tensorless_deploy.fleet.connect import gpu_images, new_state, survey_hosts
     from tensorless_deploy.fleet.inventory import load_inventory, offline_hosts, select_hosts
     from tensorless_deploy.gguf.header import header_cache_dir, read_headers
     from tensorless_deploy.hostplan.placement import (
@@ -140,7 +139,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     for name in args.models:
         entries = catalog.find(name)  # an unknown model is a usage problem before any host
         models.setdefault(entries[0].recipe.model.hf_repo, entries)
-    inventory = load_inventory(args.inventory, args.local)
+    # offline: no SSH, so neither pyinfra's loader nor its imports (gevent, paramiko)
+    inventory = load_inventory(args.inventory, args.local, offline=args.offline)
     hosts = select_hosts(inventory, args.limit or [])
     keys = [header_key(e.recipe) for entries in models.values() for e in entries]
     with ThreadPoolExecutor(1) as pool:  # headers over HTTP while SSH surveys the hosts
@@ -148,6 +148,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.offline:
             plan_hosts = offline_hosts(hosts, flags)
         else:
+            from tensorless_deploy.fleet.connect import gpu_images, new_state, survey_hosts
+
             images = gpu_images([e for entries in models.values() for e in entries])
             plan_hosts = survey_hosts(
                 new_state(inventory), hosts, flags, local=args.local, images=images

@@ -18,9 +18,8 @@ from http.client import HTTPMessage
 from pathlib import Path
 from typing import IO
 
-from gguf.constants import GGUF_MAGIC, GGUFValueType, Keys
-
 from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.gguf.constants import GGUF_MAGIC, GGUFValueType, Keys
 
 # The metadata of real GGUFs is a few MiB at most (a 262k-token vocabulary with scores and
 # types is about 6 MiB); anything bigger is not a model we can plan for, or not a GGUF.

@@ -31,9 +31,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
-
 from tensorless_deploy.errors import TensorlessError
+from tensorless_deploy.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 from tensorless_deploy.gguf.header import GGUFHeader, SkippedArray, Value
 
 MiB = 1024 * 1024

@@ -8,10 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gguf.constants import Keys
-
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.gguf import kv
+from tensorless_deploy.gguf.constants import Keys
 from tensorless_deploy.gguf.header import (
     GGUFHeader,
     HeaderKey,

@@ -27,8 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gguf.constants import Keys
-
 from tensorless_deploy.decisions.cards import Ceiling, ceiling_for
 from tensorless_deploy.decisions.checks import (
     describe_gpu,
@@ -47,6 +45,7 @@ from tensorless_deploy.decisions.memory import (
 from tensorless_deploy.decisions.options import Options
 from tensorless_deploy.facts.values import Gpu, HostFacts
 from tensorless_deploy.gguf import kv
+from tensorless_deploy.gguf.constants import Keys
 from tensorless_deploy.gguf.header import HeaderKey, HeaderResult
 from tensorless_deploy.gguf.sizing import ProblemKind, header_key, sizings
 from tensorless_deploy.hostplan.plan import (
