@@ -9,6 +9,12 @@ settings:
     compiled on every run (site-packages keep their installed bytecode), as in a bare checkout;
   * cold catalog cache: a fresh XDG_CACHE_HOME every round, so every run validates the recipes
     in full (pydantic, the schema): what the first run after a recipe change costs.
+And the converged re-run's import cost (issue 30: a converged deploy within 1.3x a bare
+`pyinfra fact` pass): interleaved, `python -c "import <the deploy path>"` (what `deploy` imports
+before its first connection: the command line, fleet.deploy and the modules cmd_deploy imports,
+pyinfra's inventory loader) against `python -c "import pyinfra_cli.main"` (what the bare pyinfra
+pass imports before its own), bytecode cached; the difference is what the tool's imports add to
+a re-run whose SSH is one round trip, and which heavy packages the deploy path loads.
 Usage: python bench/cli_startup.py [--runs 21]
 """
 
@@ -67,7 +73,57 @@ def main() -> int:
         f"cold catalog cache (full validation every run) models --json {mb * 1000:6.1f} ms"
         f"   ratio {mb / ma:5.2f}x"
     )
+    converged_imports(runs, cached)
     return 0
+
+
+# What `deploy` imports before it connects (cli.deploy.cmd_deploy's own imports, and
+# fleet.inventory.load_inventory's pyinfra loader), and what `pyinfra INVENTORY fact ...` does.
+DEPLOY_PATH = (
+    "import tensorless_deploy.cli, tensorless_deploy.cli.deploy, tensorless_deploy.fleet.deploy, "
+    "tensorless_deploy.fleet.inventory, tensorless_deploy.fleet.status, tensorless_deploy.hub, "
+    "pyinfra_cli.inventory, pyinfra.api.state"
+)
+PYINFRA_CLI = "import pyinfra_cli.main"
+HEAVY = ("numpy", "gguf", "jinja2", "huggingface_hub", "pydantic", "yaml", "paramiko", "gevent")
+
+
+def cpu(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one run: on a shared machine the CPU seconds are
+    the steadier figure (the wall time includes waiting for a core)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{cmd[-1]!r} failed")
+    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime
+
+
+def converged_imports(runs: int, env: dict[str, str]) -> None:
+    ours = [sys.executable, "-c", DEPLOY_PATH]
+    theirs = [sys.executable, "-c", PYINFRA_CLI]
+    cpu(ours, env)
+    cpu(theirs, env)
+    a: list[tuple[float, float]] = []
+    b: list[tuple[float, float]] = []
+    for _ in range(runs):
+        a.append(cpu(theirs, env))
+        b.append(cpu(ours, env))
+    probe = f"{DEPLOY_PATH}; import sys; print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, env=env
+    ).stdout.split()
+    for n, what in enumerate(("wall", "CPU")):
+        ma, mb = statistics.median(x[n] for x in a), statistics.median(x[n] for x in b)
+        print(
+            f"converged re-run imports ({what}): pyinfra's CLI {ma * 1000:6.1f} ms, the deploy "
+            f"path {mb * 1000:6.1f} ms: the tool adds {(mb - ma) * 1000:6.1f} ms "
+            f"({mb / ma:4.2f}x)"
+        )
+    print(
+        "  (target: the whole converged re-run <= 1.3x a bare pyinfra fact pass); heavy "
+        f"packages the deploy path loads: {', '.join(loaded) or 'none'}"
+    )
 
 
 if __name__ == "__main__":

@@ -45,16 +45,19 @@ def _pure_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     ):
         yield
         return
+    # imported before os.fork is replaced: gevent.os and gevent.subprocess keep the os.fork
+    # they find at import, and a refusing one kept there fails every later test's subprocess
+    # once pyinfra_cli has patched the stdlib (a test after a pure one, in some orders)
+    try:
+        import gevent.subprocess as gevent_subprocess
+    except ImportError:
+        gevent_subprocess = None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(subprocess.Popen, "_execute_child", _refuse("started a process"))
         mp.setattr(os, "system", _refuse("started a process"))
         mp.setattr(os, "fork", _refuse("forked"))
         mp.setattr(socket.socket, "connect", _refuse("opened a connection"))
         mp.setattr(socket.socket, "connect_ex", _refuse("opened a connection"))
-        try:
-            import gevent.subprocess
-        except ImportError:
-            pass
-        else:
-            mp.setattr(gevent.subprocess.Popen, "_execute_child", _refuse("started a process"))
+        if gevent_subprocess is not None:
+            mp.setattr(gevent_subprocess.Popen, "_execute_child", _refuse("started a process"))
         yield

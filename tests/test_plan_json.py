@@ -517,3 +517,28 @@ def test_cli_offline_json_rows_validate(
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("plan-json") / "tiny.gguf")
+
+
+def test_a_streamed_plan_is_the_same_bytes_as_the_whole_document(tiny_path: Path) -> None:
+    """plan --json above 2,000 rows writes the document row by row (cli.output.stream_json over
+    plan_json(lazy=True)): byte for byte the compact json.dumps of the whole document, however
+    the chunks fall, with the terminal's controls escaped as emit_json escapes them."""
+    import io
+
+    from tensorless_deploy.cli.output import safe, stream_json
+
+    entry = make_entry(tiny_path)
+    hosts = [inv_host("a"), inv_host("old", driver_version="470.57.02"), inv_host("b\x1b[2J")]
+    hosts.append(plan_host_row("ghost", None, "cannot connect: timed \u202e out"))
+    mp = plan_model(entry.recipe.model.hf_repo, [entry], hosts, headers_for(entry, tiny_path))
+    whole = plan_json([mp, mp], PlanOptions(), offline=True)
+    whole["timing"] = {"planning_s": 0.5}
+    expected = safe(json.dumps(whole, ensure_ascii=False, separators=(",", ":"))) + "\n"
+    assert "\\u001b" in expected and "\x1b" not in expected
+    for chunk in (1, 7, 1 << 20):
+        lazy = plan_json([mp, mp], PlanOptions(), offline=True, lazy=True)
+        assert isinstance(lazy["models"][0]["placements"], Iterator)
+        lazy["timing"] = {"planning_s": 0.5}
+        out = io.StringIO()
+        stream_json(lazy, out, chunk=chunk)
+        assert out.getvalue() == expected

@@ -187,26 +187,11 @@ def offline_inventory(path: str, attrs: dict[str, Any]) -> list[OfflineHost] | N
     the hosts and of each group's, 4.9 s at 10,000). None where pyinfra's reading is not this
     one: a connector (@local, @docker/...) among the hosts, or a value pyinfra takes as a group
     that the tool's checks do not (tests/test_inventory.py holds both to the same answers)."""
-    checked = {key for key, _, _ in _groups(path, attrs)[0]} if "__file__" in attrs else {"all"}
-    groups: dict[str, Any] = {}
-    for key, value in attrs.items():
-        if _is_pyinfra_group(key, value):
-            if key not in checked:
-                return None
-            groups[key] = value
-    if "all" in groups:
-        every = groups.pop("all")
-        all_hosts, all_data = every if isinstance(every, tuple) else (every, {})
-    else:
-        all_hosts, all_data = (
-            list(
-                dict.fromkeys(
-                    _name(h) for g in groups.values() for h in (g[0] if isinstance(g, tuple) else g)
-                )
-            ),
-            {},
-        )
-    if "__file__" in attrs:
+    groups = _pyinfra_groups(path, attrs)
+    if groups is None:
+        return None
+    all_hosts, all_data = _members(groups.pop("all")) if "all" in groups else (_every(groups), {})
+    if "__file__" in attrs:  # the file's name is a group of every host, unless a group has it
         file_group = Path(path).name.rsplit(".", 1)[0]
         if file_group != "all" and file_group not in groups:
             groups[file_group] = all_hosts
@@ -214,25 +199,50 @@ def offline_inventory(path: str, attrs: dict[str, Any]) -> list[OfflineHost] | N
     own: dict[str, dict[str, Any]] = {}
     member_of: dict[str, list[str]] = {}
     for group, value in groups.items():
-        members, group_data[group] = value if isinstance(value, tuple) else (value, {})
+        members, group_data[group] = _members(value)
         for host in members:
-            name = _name(host)
-            own.setdefault(name, {}).update(host[1] if isinstance(host, tuple) else {})
-            member_of.setdefault(name, []).append(group)
-    for host in all_hosts:
-        own.setdefault(_name(host), {}).update(host[1] if isinstance(host, tuple) else {})
+            own.setdefault(_name(host), {}).update(_data(host))
+            member_of.setdefault(_name(host), []).append(group)
+    for host in all_hosts:  # the all group's tuples last: they win over the groups' tuples
+        own.setdefault(_name(host), {}).update(_data(host))
     out: dict[str, OfflineHost] = {}
-    for host in all_hosts:
-        name = _name(host)
+    for name in map(_name, all_hosts):
         if name.startswith("@"):
             return None
         names = member_of.get(name, [])
-        merged = dict(all_data)
+        merged = dict(all_data)  # lowest first: all's data, each group's in order, the host's
         for group in names:
             merged.update(group_data[group])
         merged.update(own[name])
         out[name] = OfflineHost(name, names, OfflineData(merged))
     return list(out.values())
+
+
+def _pyinfra_groups(path: str, attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """The module-level values pyinfra takes as groups, in the file's order (a host list: its
+    names as the group all); None when one of them is not a group the tool's checks passed."""
+    if "__file__" not in attrs:
+        return {"all": attrs["all"]}
+    checked = {key for key, _, _ in _groups(path, attrs)[0]}
+    groups = {key: value for key, value in attrs.items() if _is_pyinfra_group(key, value)}
+    return groups if set(groups) <= checked else None
+
+
+def _members(group: Any) -> tuple[list[Any], dict[str, Any]]:
+    """A group's hosts and its data: a list, or a (hosts, data) tuple."""
+    if isinstance(group, tuple):
+        return group[0], group[1]
+    return group, {}
+
+
+def _every(groups: dict[str, Any]) -> list[str]:
+    """pyinfra's all group when the file has none: every host once, in the order first listed."""
+    return list(dict.fromkeys(_name(h) for g in groups.values() for h in _members(g)[0]))
+
+
+def _data(host: Any) -> dict[str, Any]:
+    data: dict[str, Any] = host[1] if isinstance(host, tuple) else {}
+    return data
 
 
 def _name(host: Any) -> str:
@@ -427,6 +437,9 @@ def offline_hosts(hosts: Sequence[Any], flags: Flags) -> list[SurveyedHost]:
     from tensorless_deploy.facts.survey import InventoryDataError
 
     out = []
+    # A fleet lists the same machine many times: equal data gives one HostFacts, read once and
+    # shared (the planner's rows for equal facts are then found by identity, not compared).
+    read: dict[str, Any] = {}
     for h in hosts:
         options = options_for(h, flags)
         gpus = h.data.get(DATA_GPUS) if h.data is not None else None
@@ -435,9 +448,17 @@ def offline_hosts(hosts: Sequence[Any], flags: Flags) -> list[SurveyedHost]:
             out.append(SurveyedHost(h.name, options, None, why))
             continue
         try:
-            facts = host_facts_from_inventory({"gpus": gpus})
-        except InventoryDataError as exc:
-            key = DATA_GPUS + exc.key.removeprefix("gpus")
-            raise InventoryError(f"{h.name}: {key}: {exc.why}", fix=exc.fix) from None
+            key = json.dumps(gpus, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError):  # not plain data: read (and refused) on its own
+            key = None
+        facts = read.get(key) if key is not None else None
+        if facts is None:
+            try:
+                facts = host_facts_from_inventory({"gpus": gpus})
+            except InventoryDataError as exc:
+                where = DATA_GPUS + exc.key.removeprefix("gpus")
+                raise InventoryError(f"{h.name}: {where}: {exc.why}", fix=exc.fix) from None
+            if key is not None:
+                read[key] = facts
         out.append(SurveyedHost(h.name, options, facts))
     return out
