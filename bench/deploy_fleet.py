@@ -17,7 +17,12 @@ Prints, as medians of --runs interleaved rounds:
      (0: hashed on arrival), and the model bytes the hosts hashed after arrival (file size x
      hosts that read it again).
 With --push every host gets model and image pushed from this machine (`--transfer push`),
-images removed between rounds. --hosts N: the first N gpu hosts (then legacy1), default all.
+the engine image removed between rounds. --hosts N: gpu1..gpuN (default: every GPU host of the
+set; legacy1 and persist1 never, they are other kinds of host): only those deploy and count.
+The hosts are left as the bench found them: each one's GPU profile put back, the bench's unit
+and model purged, images it added removed and the engine image pulled back where it was there
+before; a host that already holds the bench's unit or model is refused up front. Its work
+folder (under the set's BASE, TL_SET) is removed, on an error too.
 Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push] [--hosts 4]   (root)
 """
 
@@ -30,20 +35,33 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.arrival_watch import Watch, guest_root
+from tests.hosts.benchkit import gpu_hosts, work_dir
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
-from tests.hosts.harness import Host, apply_profile, base_dir, load_hosts, load_hosts_json, ssh_run
+from tests.hosts.harness import (
+    Host,
+    apply_profile,
+    base_dir,
+    current_profile,
+    load_hosts,
+    load_hosts_json,
+    ssh_run,
+)
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import TINY_COMMIT
 
-BLOBS = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF/blobs"
+MODEL_DIR = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
+BLOBS = f"{MODEL_DIR}/blobs"
+UNIT = "tensorless-tiny-p100"  # tiny_recipe's model on the P100 stand-in
+IMAGES = "podman images -q --no-trunc | sort -u"
 SENT = re.compile(r"(model|image): sent (\d+) bytes \(resumed from \d+\) in ([0-9.]+) s")
 
 
@@ -88,29 +106,82 @@ def merge(into: dict[str, list[float]], more: dict[str, list[float]]) -> None:
         into.setdefault(k, []).extend(v)
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a host held before the bench: its GPU profile and its images (ids)."""
+
+    profile: str | None
+    images: frozenset[str]
+
+
+def found(hosts: list[Host]) -> dict[str, Found]:
+    """Each host's state before the bench; a host already holding the bench's unit or model is
+    refused (the bench would purge it), in one line naming the host and the fix."""
+    out: dict[str, Found] = {}
+    for h in hosts:
+        held = ssh_run(
+            h,
+            f"ls -d /etc/containers/systemd/{UNIT}.container /etc/systemd/system/{UNIT}.service "
+            f"{MODEL_DIR} 2>/dev/null || true",
+            timeout=60,
+        ).stdout.split()
+        if held:
+            sys.exit(
+                f"bench: {h.name} already holds {', '.join(held)}, which the bench would purge; "
+                "remove it first (tensorless-deploy stop tiny --purge) or reset the host"
+            )
+        images = frozenset(ssh_run(h, IMAGES, timeout=60).stdout.split())
+        out[h.name] = Found(current_profile(h), images)
+    return out
+
+
+def drop_images(h: Host, keep: frozenset[str], image: str) -> None:
+    """Remove the images the bench brought (those not in keep) and the engine image."""
+    ssh_run(
+        h,
+        f"keep='{' '.join(sorted(keep))}'; for i in $({IMAGES}); do "
+        'case " $keep " in *" $i "*) ;; *) podman rmi -f "$i" >/dev/null 2>&1 || true;; esac; '
+        f"done; podman rmi -f {image} >/dev/null 2>&1 || true",
+        timeout=120,
+    )
+
+
+def restore(hosts: list[Host], before: dict[str, Found], image: str) -> None:
+    """Each host as the bench found it: its profile back, the images it brought removed, the
+    engine image pulled back where the host had it (push rounds remove it)."""
+    for h in hosts:
+        was = before[h.name]
+        apply_profile(h, was.profile or str(h.extra.get("default_profile", h.profile)))
+        now = frozenset(ssh_run(h, IMAGES, timeout=60).stdout.split())
+        for extra in sorted(now - was.images):
+            ssh_run(h, f"podman rmi -f {extra} >/dev/null 2>&1 || true", timeout=120)
+        if was.images - now:
+            ssh_run(h, f"podman pull -q {image} >/dev/null", timeout=300, check=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--push", action="store_true", help="--transfer push to every host")
-    ap.add_argument("--hosts", type=int, default=0, help="how many hosts (default: all)")
+    ap.add_argument("--hosts", type=int, default=0, help="gpu1..gpuN (default: every GPU host)")
     opts = ap.parse_args()
     runs = opts.runs
     if not (base_dir() / "hosts.json").exists():
         print("bench: no test hosts (run tests/hosts/setup.sh first); skipped")
         return 0
     hosts_json = load_hosts_json()
-    hosts = load_hosts()
     netns = {h["name"]: h["netns"] for h in hosts_json["hosts"]}
-    gpu: list[Host] = [h for n, h in sorted(hosts.items()) if n.startswith("gpu")]
-    gpu += [h for n, h in sorted(hosts.items()) if n.startswith("legacy")]
-    if opts.hosts:
-        gpu = gpu[: opts.hosts]
-    for h in gpu:
-        apply_profile(h, "p100")
-    work = Path(tempfile.mkdtemp(prefix="bench-", dir=base_dir()))
+    gpu: list[Host] = gpu_hosts(load_hosts(), opts.hosts)
+    image = hosts_json["image"]["ref"]
+    before = found(gpu)
     size = int(hosts_json["tiny_gguf"]["size"])
     sha = hosts_json["tiny_gguf"]["sha256"]
-    with HFServer(host=hosts_json["gateway"]) as hf:
+    with ExitStack() as stack:
+        work = stack.enter_context(work_dir("bench-", base_dir()))
+        stack.callback(restore, gpu, before, image)  # runs first: LIFO
+        for h in gpu:
+            apply_profile(h, "p100")
+        hf = stack.enter_context(HFServer(host=hosts_json["gateway"]))
         hf.publish(
             hosts_json["tiny_gguf"]["hf_repo"],
             {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
@@ -150,10 +221,9 @@ def main() -> int:
         def fresh() -> None:
             timed(purge, env)
             for h in gpu:
-                cmd = f"mkdir -p {BLOBS}"
+                ssh_run(h, f"mkdir -p {BLOBS}", timeout=120)
                 if opts.push:  # the image must travel again too
-                    cmd += "; podman rmi -af >/dev/null 2>&1 || true"
-                ssh_run(h, cmd, timeout=120)
+                    drop_images(h, before[h.name].images, image)
 
         def watched(args: list[str], names: list[str]) -> tuple[float, dict[str, Any]]:
             nonlocal hashed_after
@@ -169,27 +239,27 @@ def main() -> int:
                     w.close()
             return dt, report
 
-        for _ in range(runs):
-            fresh()
-            dt, report = watched(deploy + limit_one, [gpu[0].name])
-            one.append(dt)
-            merge(phases_one, phases(report))
-            fresh()
-            b0, t0_ = cpu_busy()
-            dt, report = watched(deploy, [h.name for h in gpu])
-            b1, t1_ = cpu_busy()
-            busy.append((b1 - b0) / max(t1_ - t0_, 1) * (os.cpu_count() or 1))
-            many.append(dt)
-            merge(phases_many, phases(report))
-            dt, report = timed(deploy, env)
-            assert all(h["outcome"] == "unchanged" for h in report["hosts"]), report
-            converged.append(dt)
-            t0 = time.perf_counter()
-            subprocess.run(bare, check=True, capture_output=True, timeout=120)
-            facts.append(time.perf_counter() - t0)
-        timed(purge, env)
-    for h in gpu:
-        apply_profile(h, str(h.extra.get("default_profile", h.profile)))
+        try:
+            for _ in range(runs):
+                fresh()
+                dt, report = watched(deploy + limit_one, [gpu[0].name])
+                one.append(dt)
+                merge(phases_one, phases(report))
+                fresh()
+                b0, t0_ = cpu_busy()
+                dt, report = watched(deploy, [h.name for h in gpu])
+                b1, t1_ = cpu_busy()
+                busy.append((b1 - b0) / max(t1_ - t0_, 1) * (os.cpu_count() or 1))
+                many.append(dt)
+                merge(phases_many, phases(report))
+                dt, report = timed(deploy, env)
+                assert all(h["outcome"] == "unchanged" for h in report["hosts"]), report
+                converged.append(dt)
+                t0 = time.perf_counter()
+                subprocess.run(bare, check=True, capture_output=True, timeout=120)
+                facts.append(time.perf_counter() - t0)
+        finally:  # the bench's unit and model leave every host, on an error too
+            cli(*purge, env=env)
     med = statistics.median
     n = len(gpu)
     how = "pushed" if opts.push else "pulled"

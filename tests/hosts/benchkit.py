@@ -1,0 +1,64 @@
+"""What the benches under bench/ share, so that each measures what it says and leaves nothing:
+its work folder (under this host set's BASE, removed on every way out, an error's too), its
+ports on this machine (apart per host set, so two sets' benches never meet on one port) and
+which test hosts it measures (the GPU hosts asked for, never legacy1 or persist1 unasked)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import statistics
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from tests.hosts.harness import set_index
+
+T = TypeVar("T")
+
+# Ports a bench opens on this machine: base + PORT_STRIDE x TL_SET, so the sets 0..7 (harness
+# MAX_SET) of one bench keep apart and a bench's own ports (up to PORT_STRIDE of them) stay its own.
+PORT_STRIDE = 10
+_GPU = re.compile(r"gpu([0-9]+)")
+
+
+@contextmanager
+def work_dir(prefix: str, parent: Path | None = None) -> Iterator[Path]:
+    """A fresh folder for one bench run (under ``parent``: the host set's BASE where the bench
+    uses the hosts), removed when the run ends, however it ends."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def set_port(base: int, index: int | None = None) -> int:
+    """The port ``base`` of a bench for host set ``index`` (default: TL_SET)."""
+    return base + PORT_STRIDE * set_index(index)
+
+
+def gpu_hosts(hosts: Mapping[str, T], count: int = 0) -> list[T]:
+    """The first ``count`` GPU hosts, gpu1, gpu2, ... in number order (0: all of them); legacy1
+    and persist1 are other kinds of host (podman 4.3 without quadlet; a root that persists),
+    never counted among them. Asking for more than the set has is refused in one line."""
+    numbered = sorted((int(m.group(1)), n) for n in hosts if (m := _GPU.fullmatch(n)))
+    if count < 0 or count > len(numbered):
+        have = ", ".join(n for _, n in numbered) or "none"
+        raise SystemExit(
+            f"bench: --hosts {count}, but this host set has {len(numbered)} GPU host(s) "
+            f"({have}); boot more with `TL_SET=N bash tests/hosts/setup.sh {max(count, 1)}`"
+        )
+    return [hosts[n] for _, n in numbered[: count or len(numbered)]]
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile) of values (one value: itself three times)."""
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return statistics.median(values), q1, q3
