@@ -37,20 +37,18 @@ import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.arrival_watch import Watch, guest_root
-from tests.hosts.benchkit import gpu_hosts, work_dir
+from tests.hosts.benchkit import MODEL_DIR, drop_images, found, gpu_hosts, restore, work_dir
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import (
     Host,
     apply_profile,
     base_dir,
-    current_profile,
     load_hosts,
     load_hosts_json,
     ssh_run,
@@ -58,10 +56,7 @@ from tests.hosts.harness import (
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import TINY_COMMIT
 
-MODEL_DIR = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
 BLOBS = f"{MODEL_DIR}/blobs"
-UNIT = "tensorless-tiny-p100"  # tiny_recipe's model on the P100 stand-in
-IMAGES = "podman images -q --no-trunc | sort -u"
 SENT = re.compile(r"(model|image): sent (\d+) bytes \(resumed from \d+\) in ([0-9.]+) s")
 
 
@@ -104,59 +99,6 @@ def cpu_busy() -> tuple[float, float]:
 def merge(into: dict[str, list[float]], more: dict[str, list[float]]) -> None:
     for k, v in more.items():
         into.setdefault(k, []).extend(v)
-
-
-@dataclass(frozen=True)
-class Found:
-    """What a host held before the bench: its GPU profile and its images (ids)."""
-
-    profile: str | None
-    images: frozenset[str]
-
-
-def found(hosts: list[Host]) -> dict[str, Found]:
-    """Each host's state before the bench; a host already holding the bench's unit or model is
-    refused (the bench would purge it), in one line naming the host and the fix."""
-    out: dict[str, Found] = {}
-    for h in hosts:
-        held = ssh_run(
-            h,
-            f"ls -d /etc/containers/systemd/{UNIT}.container /etc/systemd/system/{UNIT}.service "
-            f"{MODEL_DIR} 2>/dev/null || true",
-            timeout=60,
-        ).stdout.split()
-        if held:
-            sys.exit(
-                f"bench: {h.name} already holds {', '.join(held)}, which the bench would purge; "
-                "remove it first (tensorless-deploy stop tiny --purge) or reset the host"
-            )
-        images = frozenset(ssh_run(h, IMAGES, timeout=60).stdout.split())
-        out[h.name] = Found(current_profile(h), images)
-    return out
-
-
-def drop_images(h: Host, keep: frozenset[str], image: str) -> None:
-    """Remove the images the bench brought (those not in keep) and the engine image."""
-    ssh_run(
-        h,
-        f"keep='{' '.join(sorted(keep))}'; for i in $({IMAGES}); do "
-        'case " $keep " in *" $i "*) ;; *) podman rmi -f "$i" >/dev/null 2>&1 || true;; esac; '
-        f"done; podman rmi -f {image} >/dev/null 2>&1 || true",
-        timeout=120,
-    )
-
-
-def restore(hosts: list[Host], before: dict[str, Found], image: str) -> None:
-    """Each host as the bench found it: its profile back, the images it brought removed, the
-    engine image pulled back where the host had it (push rounds remove it)."""
-    for h in hosts:
-        was = before[h.name]
-        apply_profile(h, was.profile or str(h.extra.get("default_profile", h.profile)))
-        now = frozenset(ssh_run(h, IMAGES, timeout=60).stdout.split())
-        for extra in sorted(now - was.images):
-            ssh_run(h, f"podman rmi -f {extra} >/dev/null 2>&1 || true", timeout=120)
-        if was.images - now:
-            ssh_run(h, f"podman pull -q {image} >/dev/null", timeout=300, check=False)
 
 
 def main() -> int:

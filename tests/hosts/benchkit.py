@@ -11,10 +11,11 @@ import statistics
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tests.hosts.harness import set_index
+from tests.hosts.harness import Host, apply_profile, current_profile, set_index, ssh_run
 
 T = TypeVar("T")
 
@@ -22,6 +23,10 @@ T = TypeVar("T")
 # MAX_SET) of one bench keep apart and a bench's own ports (up to PORT_STRIDE of them) stay its own.
 PORT_STRIDE = 10
 _GPU = re.compile(r"gpu([0-9]+)")
+# what the benches deploy: tests.hosts.fleet.tiny_recipe's model on the P100 stand-in
+MODEL_DIR = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
+UNIT = "tensorless-tiny-p100"
+IMAGES = "podman images -q --no-trunc | sort -u"
 
 
 @contextmanager
@@ -62,3 +67,56 @@ def spread(values: Sequence[float]) -> tuple[float, float, float]:
         return values[0], values[0], values[0]
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return statistics.median(values), q1, q3
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a host held before the bench: its GPU profile and its images (ids)."""
+
+    profile: str | None
+    images: frozenset[str]
+
+
+def found(hosts: list[Host]) -> dict[str, Found]:
+    """Each host's state before the bench; a host already holding the bench's unit or model is
+    refused (the bench would purge it), in one line naming the host and the fix."""
+    out: dict[str, Found] = {}
+    for h in hosts:
+        held = ssh_run(
+            h,
+            f"ls -d /etc/containers/systemd/{UNIT}.container /etc/systemd/system/{UNIT}.service "
+            f"{MODEL_DIR} 2>/dev/null || true",
+            timeout=60,
+        ).stdout.split()
+        if held:
+            raise SystemExit(
+                f"bench: {h.name} already holds {', '.join(held)}, which the bench would purge; "
+                "remove it first (tensorless-deploy stop tiny --purge) or reset the host"
+            )
+        images = frozenset(ssh_run(h, IMAGES, timeout=60).stdout.split())
+        out[h.name] = Found(current_profile(h), images)
+    return out
+
+
+def drop_images(h: Host, keep: frozenset[str], image: str) -> None:
+    """Remove the images the bench brought (those not in keep) and the engine image."""
+    ssh_run(
+        h,
+        f"keep='{' '.join(sorted(keep))}'; for i in $({IMAGES}); do "
+        'case " $keep " in *" $i "*) ;; *) podman rmi -f "$i" >/dev/null 2>&1 || true;; esac; '
+        f"done; podman rmi -f {image} >/dev/null 2>&1 || true",
+        timeout=120,
+    )
+
+
+def restore(hosts: list[Host], before: dict[str, Found], image: str) -> None:
+    """Each host as the bench found it: its profile back, the images it brought removed, the
+    engine image pulled back where the host had it (push rounds remove it)."""
+    for h in hosts:
+        was = before[h.name]
+        apply_profile(h, was.profile or str(h.extra.get("default_profile", h.profile)))
+        now = frozenset(ssh_run(h, IMAGES, timeout=60).stdout.split())
+        for extra in sorted(now - was.images):
+            ssh_run(h, f"podman rmi -f {extra} >/dev/null 2>&1 || true", timeout=120)
+        if was.images - now:
+            ssh_run(h, f"podman pull -q {image} >/dev/null", timeout=300, check=False)
