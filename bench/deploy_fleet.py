@@ -43,7 +43,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.arrival_watch import Watch, guest_root
-from tests.hosts.benchkit import MODEL_DIR, drop_images, found, gpu_hosts, restore, work_dir
+from tests.hosts.benchkit import (
+    MODEL_DIR,
+    cached_bytecode,
+    drop_images,
+    found,
+    gpu_hosts,
+    restore,
+    work_dir,
+)
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import (
     Host,
@@ -133,6 +141,7 @@ def main() -> int:
             "HF_ENDPOINT": hf.url,
             "XDG_CACHE_HOME": str(work / "xdg"),
             "HF_HUB_CACHE": str(work / "hub"),
+            **cached_bytecode(work),  # as installed: pyinfra's own bytecode is cached too
         }
         if opts.push:
             reg = work / "registries.conf"

@@ -8,8 +8,9 @@ default every GPU host of the set, never legacy1 or persist1, which run other ch
 same command and the same catalog, so the ratio is N hosts at once against the slowest of them
 alone (a parallel survey cannot beat its slowest host) and against their median. Uses the real
 test hosts (docs/test-hosts.md) of TL_SET; skips with a message (exit 0) when BASE/hosts.json is
-missing; its inventories live in a work folder removed at the end. Other sessions may share the
-hosts: run it under their lock, e.g.
+missing; its inventories (and the tool's bytecode, cached as an installed wheel has it) live
+in a work folder removed at the end. Other sessions may share the hosts: run it under their
+lock, e.g.
 
     flock /var/tmp/tensorless-hosts.lock .venv/bin/python bench/doctor_parallel.py \
         [--runs 7] [--hosts 4] [--command status]
@@ -20,6 +21,7 @@ Prints the medians of interleaved runs and the ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -29,15 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.hosts.benchkit import gpu_hosts, work_dir  # noqa: E402
+from tests.hosts.benchkit import cached_bytecode, gpu_hosts, work_dir  # noqa: E402
 from tests.hosts.fleet import write_inventory  # noqa: E402
 from tests.hosts.harness import base_dir, load_hosts  # noqa: E402
 
 
 def wall(command: str, inventory: Path) -> float:
     cmd = [sys.executable, "-m", "tensorless_deploy", command, "-i", str(inventory), "--json"]
+    env = {**os.environ, **cached_bytecode(inventory.parent)}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, env=env)
     took = time.perf_counter() - t0
     # doctor 1: some host not ready; status 1, 3, 4: not serving, drift, nothing served: all of
     # them a full survey

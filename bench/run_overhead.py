@@ -14,7 +14,8 @@ A - B the bench printed before (two noisy starts subtracted: shown to compare, n
 Prints the median of the per-round overheads, their quartiles and range, over --runs rounds.
 Needs the test hosts (registry, engine image) and root: it makes this machine look like a P100
 host with the same stand-ins as tests/test_local_hosts.py. Its port on this machine is 18090 +
-10 x TL_SET (tests/hosts/benchkit.py), its work folder under the set's BASE, removed at the end.
+10 x TL_SET (tests/hosts/benchkit.py), its work folder under the set's BASE, removed at the end;
+the tool runs with its bytecode cached there, as an installed wheel does (the pull compiles it).
 Usage: .venv/bin/python bench/run_overhead.py [--runs 11]
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.hosts.benchkit import set_port, spread, work_dir
+from tests.hosts.benchkit import cached_bytecode, set_port, spread, work_dir
 from tests.hosts.fleet import tiny_recipe, write_catalog
 from tests.hosts.harness import base_dir, load_hosts_json
 from tests.hosts.hf_server import HFServer
@@ -45,8 +46,11 @@ PORT = set_port(18090)
 SERVING = re.compile(r"^serving .* \(healthy after ([0-9.]+) s")
 
 
-def healthy(url: str, deadline: float) -> None:
+def healthy(url: str, deadline: float, proc: subprocess.Popen[bytes], log: Path) -> None:
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"bench: the bare container command exited {proc.returncode}: {tail}")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -54,13 +58,15 @@ def healthy(url: str, deadline: float) -> None:
         except OSError:
             pass
         time.sleep(0.02)
-    raise SystemExit(f"bench: {url} never became healthy")
+    raise SystemExit(
+        f"bench: {url} never became healthy: {log.read_text(errors='replace')[-2000:]}"
+    )
 
 
 def serve_once(cli: list[str], env: dict[str, str]) -> tuple[float, float]:
     """One `run` to its serving line, then stopped: (A, S) as the module docstring says."""
     t0 = time.monotonic()
-    p = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert p.stdout is not None
     try:
         while not (m := SERVING.match(p.stdout.readline())):
@@ -72,12 +78,13 @@ def serve_once(cli: list[str], env: dict[str, str]) -> tuple[float, float]:
         p.wait(timeout=60)
 
 
-def bare_once(command: list[str], env: dict[str, str], url: str) -> float:
-    """The container command alone, to /health 200, then stopped: B."""
-    t0 = time.monotonic()
-    q = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def bare_once(command: list[str], env: dict[str, str], url: str, log: Path) -> float:
+    """The container command alone, to /health 200, then stopped: B (its output into log)."""
+    with log.open("wb") as out:
+        t0 = time.monotonic()
+        q = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        healthy(url, t0 + 120)
+        healthy(url, t0 + 120, q, log)
         return time.monotonic() - t0
     finally:
         subprocess.run(
@@ -107,7 +114,7 @@ def main() -> int:
             {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
             commit=TINY_COMMIT,
         )
-        env = {**os.environ, **env_gpu, "HF_ENDPOINT": hf.url}
+        env = {**os.environ, **env_gpu, "HF_ENDPOINT": hf.url, **cached_bytecode(tmp)}
         cat = str(write_catalog(tmp / "recipes", tiny_recipe(hosts_json, TINY_COMMIT)))
         cli = [sys.executable, "-m", "tensorless_deploy"]
         subprocess.run(
@@ -133,7 +140,7 @@ def main() -> int:
             ai, si = serve_once(run, env)
             a.append(ai)
             s.append(si)
-            b.append(bare_once(command, env, url))
+            b.append(bare_once(command, env, url, tmp / "bare.log"))
     over = [ai - si for ai, si in zip(a, s, strict=True)]
     med, q1, q3 = spread(over)
     print(f"{runs} rounds; load average {os.getloadavg()[0]:.2f}")
