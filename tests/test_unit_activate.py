@@ -17,7 +17,7 @@ from tensorless_deploy.facts.device import DEVICE_LINE
 from tensorless_deploy.operations._run import bound
 
 LISTEN_S = 0.3  # the server listens this long after its start
-TIMER_S = 3.0  # podman's own timer passes the probe this long after that (a slow machine)
+TIMER_S = 6.0  # podman's own timer passes the probe this long after that (a slow machine)
 NAME = "tensorless-tiny-p100"
 
 STUBS = {
@@ -99,8 +99,9 @@ def test_a_health_gated_start_is_ready_when_the_server_listens(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"{NAME}.service healthy after ")
     assert (tmp_path / "probes").read_text().split() == [NAME]
-    # listening at 0.3 s, polled every 0.1 s: well before podman's own timer (3.3 s)
-    assert took < LISTEN_S + 1.0, took
+    # listening at 0.3 s, polled every 0.1 s: ready well before podman's own timer (6.3 s),
+    # with room for a loaded machine's slow process starts
+    assert took < LISTEN_S + 2.0, took
 
 
 def test_a_unit_without_a_health_gated_start_is_not_probed(tmp_path: Path) -> None:
