@@ -17,7 +17,12 @@ Prints, as medians of --runs interleaved rounds:
      (0: hashed on arrival), and the model bytes the hosts hashed after arrival (file size x
      hosts that read it again).
 With --push every host gets model and image pushed from this machine (`--transfer push`),
-images removed between rounds. --hosts N: the first N gpu hosts (then legacy1), default all.
+the engine image removed between rounds. --hosts N: gpu1..gpuN (default: every GPU host of the
+set; legacy1 and persist1 never, they are other kinds of host): only those deploy and count.
+The hosts are left as the bench found them: each one's GPU profile put back, the bench's unit
+and model purged, images it added removed and the engine image pulled back where it was there
+before; a host that already holds the bench's unit or model is refused up front. Its work
+folder (under the set's BASE, TL_SET) is removed, on an error too.
 Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push] [--hosts 4]   (root)
 """
 
@@ -30,20 +35,36 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.arrival_watch import Watch, guest_root
+from tests.hosts.benchkit import (
+    MODEL_DIR,
+    cached_bytecode,
+    drop_images,
+    found,
+    gpu_hosts,
+    restore,
+    work_dir,
+)
 from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
-from tests.hosts.harness import Host, apply_profile, base_dir, load_hosts, load_hosts_json, ssh_run
+from tests.hosts.harness import (
+    Host,
+    apply_profile,
+    base_dir,
+    load_hosts,
+    load_hosts_json,
+    ssh_run,
+)
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import TINY_COMMIT
 
-BLOBS = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF/blobs"
+BLOBS = f"{MODEL_DIR}/blobs"
 SENT = re.compile(r"(model|image): sent (\d+) bytes \(resumed from \d+\) in ([0-9.]+) s")
 
 
@@ -92,25 +113,25 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--push", action="store_true", help="--transfer push to every host")
-    ap.add_argument("--hosts", type=int, default=0, help="how many hosts (default: all)")
+    ap.add_argument("--hosts", type=int, default=0, help="gpu1..gpuN (default: every GPU host)")
     opts = ap.parse_args()
     runs = opts.runs
     if not (base_dir() / "hosts.json").exists():
         print("bench: no test hosts (run tests/hosts/setup.sh first); skipped")
         return 0
     hosts_json = load_hosts_json()
-    hosts = load_hosts()
     netns = {h["name"]: h["netns"] for h in hosts_json["hosts"]}
-    gpu: list[Host] = [h for n, h in sorted(hosts.items()) if n.startswith("gpu")]
-    gpu += [h for n, h in sorted(hosts.items()) if n.startswith("legacy")]
-    if opts.hosts:
-        gpu = gpu[: opts.hosts]
-    for h in gpu:
-        apply_profile(h, "p100")
-    work = Path(tempfile.mkdtemp(prefix="bench-", dir=base_dir()))
+    gpu: list[Host] = gpu_hosts(load_hosts(), opts.hosts)
+    image = hosts_json["image"]["ref"]
+    before = found(gpu)
     size = int(hosts_json["tiny_gguf"]["size"])
     sha = hosts_json["tiny_gguf"]["sha256"]
-    with HFServer(host=hosts_json["gateway"]) as hf:
+    with ExitStack() as stack:
+        work = stack.enter_context(work_dir("bench-", base_dir()))
+        stack.callback(restore, gpu, before, image)  # runs first: LIFO
+        for h in gpu:
+            apply_profile(h, "p100")
+        hf = stack.enter_context(HFServer(host=hosts_json["gateway"]))
         hf.publish(
             hosts_json["tiny_gguf"]["hf_repo"],
             {hosts_json["tiny_gguf"]["hf_file"]: Path(hosts_json["tiny_gguf"]["path"])},
@@ -120,6 +141,7 @@ def main() -> int:
             "HF_ENDPOINT": hf.url,
             "XDG_CACHE_HOME": str(work / "xdg"),
             "HF_HUB_CACHE": str(work / "hub"),
+            **cached_bytecode(work),  # as installed: pyinfra's own bytecode is cached too
         }
         if opts.push:
             reg = work / "registries.conf"
@@ -150,10 +172,9 @@ def main() -> int:
         def fresh() -> None:
             timed(purge, env)
             for h in gpu:
-                cmd = f"mkdir -p {BLOBS}"
+                ssh_run(h, f"mkdir -p {BLOBS}", timeout=120)
                 if opts.push:  # the image must travel again too
-                    cmd += "; podman rmi -af >/dev/null 2>&1 || true"
-                ssh_run(h, cmd, timeout=120)
+                    drop_images(h, before[h.name].images, image)
 
         def watched(args: list[str], names: list[str]) -> tuple[float, dict[str, Any]]:
             nonlocal hashed_after
@@ -169,27 +190,27 @@ def main() -> int:
                     w.close()
             return dt, report
 
-        for _ in range(runs):
-            fresh()
-            dt, report = watched(deploy + limit_one, [gpu[0].name])
-            one.append(dt)
-            merge(phases_one, phases(report))
-            fresh()
-            b0, t0_ = cpu_busy()
-            dt, report = watched(deploy, [h.name for h in gpu])
-            b1, t1_ = cpu_busy()
-            busy.append((b1 - b0) / max(t1_ - t0_, 1) * (os.cpu_count() or 1))
-            many.append(dt)
-            merge(phases_many, phases(report))
-            dt, report = timed(deploy, env)
-            assert all(h["outcome"] == "unchanged" for h in report["hosts"]), report
-            converged.append(dt)
-            t0 = time.perf_counter()
-            subprocess.run(bare, check=True, capture_output=True, timeout=120)
-            facts.append(time.perf_counter() - t0)
-        timed(purge, env)
-    for h in gpu:
-        apply_profile(h, str(h.extra.get("default_profile", h.profile)))
+        try:
+            for _ in range(runs):
+                fresh()
+                dt, report = watched(deploy + limit_one, [gpu[0].name])
+                one.append(dt)
+                merge(phases_one, phases(report))
+                fresh()
+                b0, t0_ = cpu_busy()
+                dt, report = watched(deploy, [h.name for h in gpu])
+                b1, t1_ = cpu_busy()
+                busy.append((b1 - b0) / max(t1_ - t0_, 1) * (os.cpu_count() or 1))
+                many.append(dt)
+                merge(phases_many, phases(report))
+                dt, report = timed(deploy, env)
+                assert all(h["outcome"] == "unchanged" for h in report["hosts"]), report
+                converged.append(dt)
+                t0 = time.perf_counter()
+                subprocess.run(bare, check=True, capture_output=True, timeout=120)
+                facts.append(time.perf_counter() - t0)
+        finally:  # the bench's unit and model leave every host, on an error too
+            cli(*purge, env=env)
     med = statistics.median
     n = len(gpu)
     how = "pushed" if opts.push else "pulled"

@@ -18,8 +18,10 @@ Usage: .venv/bin/python bench/push_fanout.py [--mib 64] [--counts 1,4,8,16]   (r
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -57,6 +59,7 @@ def main() -> int:
         return 0
     hosts = [h for n, h in sorted(load_hosts().items()) if n.startswith(("gpu", "legacy"))]
     work = Path(tempfile.mkdtemp(prefix="fanout-", dir=base_dir()))
+    atexit.register(shutil.rmtree, work, True)  # on every way out, sys.exit and errors too
     source = work / "payload.bin"
     with source.open("wb") as f:
         for _ in range(opts.mib):

@@ -209,8 +209,13 @@ def quadlet_keys(options: tuple[Option, ...]) -> list[tuple[str, str, Escape]]:
 
 
 def quadlet_startup_keys(spec: LaunchSpec) -> list[tuple[str, str, Escape]]:
-    """podman 5's startup health check, which makes Notify=healthy report ready within a
-    second of the model loading (the 30 s interval alone would hold the start that long)."""
+    """podman 5's startup health check, which gates Notify=healthy (the regular interval alone
+    would hold the start that long). systemd runs its timer about once a second at a phase of
+    its own (podman asks AccuracySec=1s), so probes came 1.5-2.1 s apart on the test hosts, and
+    a server listening just after one was ready that much later: a start the tool makes runs
+    the probe itself as soon as /health answers (operations/scripts/unit-activate.sh, hurry),
+    ready within a probe's time of the server listening; one systemd makes alone (boot, a
+    crash) waits for the timer's next probe."""
     return [
         ("HealthStartupCmd", " ".join(health_command(spec)), "raw_words"),
         ("HealthStartupInterval", f"{HEALTH_STARTUP_INTERVAL_S}s", "raw"),
