@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from tensorless_deploy.cli.bundle import from_bundle, from_bundle_flag
 from tensorless_deploy.cli.common import (
     FleetProgress,
     catalog_from,
@@ -111,7 +112,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from tensorless_deploy.fleet.status import serving_digests
     from tensorless_deploy.hub import token
 
-    catalog = catalog_from(args)
+    bundle = from_bundle(args)
+    if bundle is not None and args.transfer == "pull":
+        raise UsageError("--from-bundle pushes the bundle's bytes: it takes no --transfer pull")
+    catalog = bundle.catalog if bundle is not None else catalog_from(args)
     catalog.find(args.model)
     flags = flags_from(args)
     if args.serial is not None and args.serial < 1:
@@ -125,9 +129,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         flags,
         args.dry_run,
         None,
-        args.transfer,
+        "push" if bundle is not None else args.transfer,
         token_source=None if args.dry_run else token,
         progress=progress if progress.tty else None,
+        source=bundle.source if bundle is not None else None,
     )
     try:
         if args.serial and not args.dry_run:
@@ -194,6 +199,7 @@ def register(command: Command) -> None:
         metavar="N",
         help="roll N hosts at a time; the first failure stops the roll",
     )
+    from_bundle_flag(p)
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
     p.add_argument(
         "--context",

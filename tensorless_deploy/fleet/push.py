@@ -47,6 +47,16 @@ class TransferError(TensorlessError):
     """The controller could not fetch what it is to push."""
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a push takes one model's bytes from instead of the Hub and the registry: the
+    verified files of an offline bundle (fleet.bundle), for the recipe whose model is sha256."""
+
+    sha256: str
+    model: Path
+    image: Path
+
+
 def image_archive(image: str) -> Path:
     """The image as an OCI archive that keeps its manifest digest (skopeo --preserve-digests),
     made once per digest on the controller."""
@@ -298,11 +308,12 @@ def push(
     token: Token | str | None,
     missing: Missing | None = None,
     progress: Progress | None = None,
+    source: Source | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Fetch model and image once on the controller, send them to every host that lacks them
-    (resuming partial files, each host at its own pace). Returns the hosts that failed, with
-    why, and what was sent to each host."""
-    report = push_report(state, by_name, plans, token, missing, progress)
+    """Fetch model and image once on the controller (or take them from source), send them to
+    every host that lacks them (resuming partial files, each host at its own pace). Returns the
+    hosts that failed, with why, and what was sent to each host."""
+    report = push_report(state, by_name, plans, token, missing, progress, source)
     return report.failed, {n: "; ".join(parts) for n, parts in report.sent.items()}
 
 
@@ -313,6 +324,7 @@ def push_report(
     token: Token | str | None,
     missing: Missing | None = None,
     progress: Progress | None = None,
+    source: Source | None = None,
 ) -> PushReport:
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.fetch import LocalError, fetch_model
@@ -325,11 +337,16 @@ def push_report(
         needs = _needs(state, by_name, group, missing or {})
         needs_model = [n for n in group if needs[n][0]]
         needs_image = [n for n in group if needs[n][1]]
+        given = source if source is not None and source.sha256 == sha else None
         try:
             if needs_model:
                 t0 = time.monotonic()
                 fetched = _on_controller(progress, "fetch model")
-                blob_path = fetch_model(recipe, cache_dir(), token=token, progress=fetched).blob
+                blob_path = (
+                    given.model
+                    if given
+                    else fetch_model(recipe, cache_dir(), token=token, progress=fetched).blob
+                )
                 report.seconds["fetch model"] = time.monotonic() - t0
                 targets = [
                     (n, _partial(group[n]), recipe.model.size_bytes, _lock(group[n]))
@@ -338,7 +355,7 @@ def push_report(
                 _send(state, by_name, "model", blob_path, targets, report, progress)
             if needs_image:
                 t0 = time.monotonic()
-                archive = image_archive(recipe.engine.image)
+                archive = given.image if given else image_archive(recipe.engine.image)
                 report.seconds["fetch image"] = time.monotonic() - t0
                 remote = remote_image_path(recipe.engine.image)
                 size = archive.stat().st_size
