@@ -44,7 +44,10 @@ def oci_archive(path: Path, labels: dict[str, str], layer: bytes = b"layer bytes
     }
     top = _blob(blobs, json.dumps(manifest).encode())
     index = {"schemaVersion": 2, "manifests": [{"mediaType": manifest["mediaType"], **top}]}
-    files = {"oci-layout": b'{"imageLayoutVersion": "1.0.0"}', "index.json": json.dumps(index)}
+    files: dict[str, bytes | str] = {
+        "oci-layout": b'{"imageLayoutVersion": "1.0.0"}',
+        "index.json": json.dumps(index),
+    }
     with tarfile.open(path, "w") as tar:
         for name, data in [
             *((f"blobs/sha256/{d.removeprefix('sha256:')}", b) for d, b in blobs.items()),

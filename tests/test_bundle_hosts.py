@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,11 @@ from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
 from tests.hosts.plugin import TINY_COMMIT, SshRunner
+from tests.test_local_hosts import (
+    PORT,
+    _cli,
+    local_gpu,  # noqa: F401 - the fixture: this machine a P100
+)
 from tests.test_push_hosts import airgapped  # noqa: F401 - the fixture: gpu1 reaches nothing
 
 pytestmark = pytest.mark.hosts
@@ -123,3 +131,52 @@ def test_deploy_from_a_bundle_with_no_network_but_ssh(
         assert rc == 0 and host["outcome"] == "unchanged", host
         assert "sent" not in host["transfer"]
     assert not (tmp_path / "site-hub").exists()  # the controller fetched nothing itself
+
+
+def test_pull_and_run_from_a_bundle_on_this_machine(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    hf: HFServer,
+    local_gpu: dict[str, str],  # noqa: F811
+) -> None:
+    """pull --from-bundle loads the image (digest checked by the hosts' own loader) and puts
+    the GGUF into this machine's Hub cache; run --from-bundle serves it; both with this
+    machine's route to the model server and the registry cut."""
+    registries = local_gpu["CONTAINERS_REGISTRIES_CONF"]
+    online = {**local_gpu, "HF_ENDPOINT": hf.url, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    cat = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    bundle = tmp_path / "tiny.bundle"
+    made = cli("bundle", "tiny", "--recipes", str(cat), "-o", str(bundle), env=online)
+    assert made.returncode == 0, made.stderr
+    ref = hosts_json["image"]["ref"]
+    env = {
+        **local_gpu,
+        "HF_ENDPOINT": f"http://{hosts_json['unreachable']}:9",
+        "HF_HUB_CACHE": str(tmp_path / "site-hub"),
+        "XDG_CACHE_HOME": str(tmp_path / "site-xdg"),
+        "CONTAINERS_REGISTRIES_CONF": registries,
+    }
+    podman_env = {**os.environ, **env}
+    subprocess.run(["podman", "rmi", "-f", ref], env=podman_env, capture_output=True, check=False)
+    with offline_controller(hosts_json, hf):
+        pull = cli("pull", "tiny", "--from-bundle", str(bundle), "--json", env=env)
+        assert pull.returncode == 0, pull.stderr
+        assert f"image {ref}: loaded from the bundle" in pull.stderr
+        assert json.loads(pull.stdout)["image_pulled"] is True
+        exists = subprocess.run(["podman", "image", "exists", ref], env=podman_env, check=False)
+        assert exists.returncode == 0
+        port = PORT + 10 * int(hosts_json["set"]) + 1  # not another set's, nor test_local_hosts'
+        run = _cli("run", "tiny", "--from-bundle", str(bundle), "--port", str(port), env=env)
+        assert run.stdout is not None
+        t0, line = time.monotonic(), ""
+        while time.monotonic() - t0 < 120:
+            line = run.stdout.readline()
+            if line.startswith("serving") or run.poll() is not None:
+                break
+        try:
+            assert line.startswith(f"serving {TINY_REPO} on http://127.0.0.1:{port}"), line + (
+                run.stderr.read() if run.poll() is not None and run.stderr else ""
+            )
+        finally:
+            run.send_signal(signal.SIGTERM)
+            assert run.wait(timeout=60) == 0

@@ -82,8 +82,8 @@ def from_bundle_flag(p: argparse.ArgumentParser) -> None:
         "--from-bundle",
         type=Path,
         metavar="PATH",
-        help="take the recipe, the model and the image from a bundle (verified first); "
-        "no network but SSH",
+        help="take the recipe, the model and the image from a bundle (every part verified "
+        "first): no Hub, no registry",
     )
 
 

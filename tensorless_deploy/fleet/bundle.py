@@ -493,3 +493,54 @@ def _stage_engine_image(bundle: Bundle) -> None:
     tmp = cached.with_name(cached.name + ".tmp")
     tmp.write_text(known.model_dump_json())
     tmp.replace(cached)
+
+
+# --- this machine: pull and run from a bundle ---------------------------------------------------
+
+
+def image_here(bundle: Bundle, engine: str) -> bool:
+    """The bundle's image in this machine's engine, loaded by the hosts' own loader
+    (operations/scripts/image-load.sh: refused unless its digest is the pin) from a link to the
+    archive (the loader removes what it loaded); False when the image was here already."""
+    import tempfile
+
+    from tensorless_deploy.hub import controller_state_dir
+    from tensorless_deploy.local.fetch import LocalError
+    from tensorless_deploy.local.run import image_present
+    from tensorless_deploy.operations._run import bound
+
+    image = bundle.entry.recipe.engine.image
+    if image_present(engine, image):
+        return False
+    repo, _, digest = image.partition("@")
+    where = Path(controller_state_dir()) / "images"  # the bundle may lie on read-only media
+    where.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=where, prefix=".load-") as tmp:
+        archive = Path(tmp) / bundle.image.name
+        _place(bundle.image, archive)
+        text = bound(
+            "image-load", engine=engine, archive=str(archive), digest=digest, repo=repo, image=image
+        )
+        proc = subprocess.run(["sh", "-c", text], capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        why = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise LocalError(f"loading {bundle.image}: {why[0]}")
+    return True
+
+
+def model_here(bundle: Bundle, cache: str) -> Path:
+    """The bundle's GGUF (verified by verify) in this machine's Hub cache, stamped and linked
+    as fetch_model leaves a download: a later pull or run finds it verified earlier."""
+    from tensorless_deploy.local.fetch import _link, _write_stamp, model_is_verified
+    from tensorless_deploy.recipe.catalog import model_paths
+
+    paths = model_paths(cache, bundle.entry.recipe)
+    blob = Path(paths.blob)
+    if not model_is_verified(paths):
+        partial = Path(paths.partial)
+        partial.unlink(missing_ok=True)
+        _place(bundle.model, partial)
+        os.replace(partial, blob)
+        _write_stamp(paths)
+    _link(paths)
+    return blob
