@@ -17,8 +17,12 @@ Prints, as medians of --runs interleaved rounds:
      (0: hashed on arrival), and the model bytes the hosts hashed after arrival (file size x
      hosts that read it again).
 With --push every host gets model and image pushed from this machine (`--transfer push`),
-images removed between rounds. --hosts N: the first N gpu hosts (then legacy1), default all.
-Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push] [--hosts 4]   (root)
+images removed between rounds. With --from-bundle a bundle is written once (`bundle`), and
+every deploy is `deploy --from-bundle` (its verification included in the time), the pushes
+taken from it, images removed between rounds as with --push.
+--hosts N: the first N gpu hosts (then legacy1), default all.
+Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push|--from-bundle] [--hosts 4]
+(root)
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--push", action="store_true", help="--transfer push to every host")
+    ap.add_argument("--from-bundle", action="store_true", help="deploy --from-bundle")
     ap.add_argument("--hosts", type=int, default=0, help="how many hosts (default: all)")
     opts = ap.parse_args()
     runs = opts.runs
@@ -121,7 +126,8 @@ def main() -> int:
             "XDG_CACHE_HOME": str(work / "xdg"),
             "HF_HUB_CACHE": str(work / "hub"),
         }
-        if opts.push:
+        pushed = opts.push or opts.from_bundle
+        if pushed:
             reg = work / "registries.conf"
             location = hosts_json["registry"]
             reg.write_text(f'[[registry]]\nlocation = "{location}"\ninsecure = true\n')
@@ -129,13 +135,17 @@ def main() -> int:
         catalog = str(write_catalog(work / "recipes", tiny_recipe(hosts_json, TINY_COMMIT)))
         inv = str(write_inventory(work / "inventory.py", gpu))
         limit_one = ["--limit", gpu[0].name]
+        source = ["--recipes", catalog]
+        if opts.from_bundle:
+            bundle = work / "tiny.bundle"
+            timed(["bundle", "tiny", "--recipes", catalog, "-o", str(bundle)], env)
+            source = ["--from-bundle", str(bundle)]
         deploy = [
             "deploy",
             "-i",
             inv,
             "tiny",
-            "--recipes",
-            catalog,
+            *source,
             *(["--transfer", "push"] if opts.push else []),
         ]
         purge = ["stop", "tiny", "-i", inv, "--recipes", catalog, "--purge"]
@@ -151,7 +161,7 @@ def main() -> int:
             timed(purge, env)
             for h in gpu:
                 cmd = f"mkdir -p {BLOBS}"
-                if opts.push:  # the image must travel again too
+                if pushed:  # the image must travel again too
                     cmd += "; podman rmi -af >/dev/null 2>&1 || true"
                 ssh_run(h, cmd, timeout=120)
 
@@ -192,7 +202,7 @@ def main() -> int:
         apply_profile(h, str(h.extra.get("default_profile", h.profile)))
     med = statistics.median
     n = len(gpu)
-    how = "pushed" if opts.push else "pulled"
+    how = "from a bundle" if opts.from_bundle else "pushed" if opts.push else "pulled"
     print(
         f"hosts: {', '.join(h.name for h in gpu)}; {runs} rounds; medians; "
         f"load average {os.getloadavg()[0]:.2f}"

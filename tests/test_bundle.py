@@ -227,3 +227,24 @@ def test_deploy_from_a_bad_bundle_says_one_line(
     assert code == 1 and err == [
         f"bundle {copy}: no SHA256SUMS (fix: copy the whole bundle directory, or write it again)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--recipes", "recipes"], "--from-bundle and --recipes: the bundle holds its own recipe"),
+        (["--transfer", "pull"], "--from-bundle pushes the bundle's bytes: it takes no --transfer"),
+    ],
+)
+def test_from_bundle_takes_neither_recipes_nor_pull(
+    written: Bundle,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    said: str,
+) -> None:
+    inv = tmp_path / "inventory.py"
+    inv.write_text('hosts = ["10.255.255.1"]\n')
+    code = main(["deploy", "-i", str(inv), "pn3", "--from-bundle", str(written.root), *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(said), err

@@ -15,6 +15,7 @@ from tensorless_deploy.errors import UsageError
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
     from tensorless_deploy.fleet.bundle import Bundle
+    from tensorless_deploy.fleet.push import Source
     from tensorless_deploy.recipe.catalog import Catalog, Entry
 
 
@@ -75,6 +76,24 @@ def from_bundle(args: argparse.Namespace) -> Bundle | None:
     bundle = verify(path)
     stage(bundle)
     return bundle
+
+
+def catalog_of(args: argparse.Namespace, bundle: Bundle | None) -> Catalog:
+    """The bundle's catalog of one where a command takes its bytes from a bundle, else
+    --recipes' (default: the built-in catalog)."""
+    return bundle.catalog if bundle is not None else catalog_from(args)
+
+
+def deploy_source(args: argparse.Namespace) -> tuple[Catalog, Source | None, str]:
+    """deploy's catalog, the bytes it pushes from and its transfer: --from-bundle's (the
+    bundle's catalog of one, its files, push: the hosts need neither Hub nor registry), else
+    --recipes' catalog, the Hub and the registry, --transfer."""
+    bundle = from_bundle(args)
+    if bundle is None:
+        return catalog_from(args), None, args.transfer
+    if args.transfer == "pull":
+        raise UsageError("--from-bundle pushes the bundle's bytes: it takes no --transfer pull")
+    return bundle.catalog, bundle.source, "push"
 
 
 def from_bundle_flag(p: argparse.ArgumentParser) -> None:

@@ -7,10 +7,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from tensorless_deploy.cli.bundle import from_bundle, from_bundle_flag
+from tensorless_deploy.cli.bundle import deploy_source, from_bundle_flag
 from tensorless_deploy.cli.common import (
     FleetProgress,
-    catalog_from,
     dry_run_flag,
     flags_from,
     instances_flag,
@@ -112,10 +111,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from tensorless_deploy.fleet.status import serving_digests
     from tensorless_deploy.hub import token
 
-    bundle = from_bundle(args)
-    if bundle is not None and args.transfer == "pull":
-        raise UsageError("--from-bundle pushes the bundle's bytes: it takes no --transfer pull")
-    catalog = bundle.catalog if bundle is not None else catalog_from(args)
+    catalog, source, transfer = deploy_source(args)
     catalog.find(args.model)
     flags = flags_from(args)
     if args.serial is not None and args.serial < 1:
@@ -129,10 +125,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         flags,
         args.dry_run,
         None,
-        "push" if bundle is not None else args.transfer,
+        transfer,
         token_source=None if args.dry_run else token,
         progress=progress if progress.tty else None,
-        source=bundle.source if bundle is not None else None,
+        source=source,
     )
     try:
         if args.serial and not args.dry_run:

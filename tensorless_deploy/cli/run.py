@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from tensorless_deploy.cli.bundle import from_bundle, from_bundle_flag
+from tensorless_deploy.cli.bundle import catalog_of, from_bundle, from_bundle_flag
 from tensorless_deploy.cli.common import (
     Bar,
     Refused,
@@ -65,7 +65,7 @@ def _local_plan(
     from tensorless_deploy.local.facts import local_facts
     from tensorless_deploy.local.run import local_secrets_root
 
-    catalog = bundle.catalog if bundle is not None else catalog_from(args)
+    catalog = catalog_of(args, bundle)
     card = getattr(args, "card", None)
     entries = [catalog.card(args.model, card)] if card else catalog.find(args.model)
     flags = access_from(args, flags_from(args, **RUN_FLAG_NAMES))
@@ -242,16 +242,31 @@ def _from_bundle(bundle: Bundle, engine: str, cache: str) -> tuple[bool, Any]:
     return loaded, blob
 
 
+def _pull(
+    r: Recipe, engine: str, cache: str, bundle: Bundle | None, quiet: bool
+) -> tuple[bool, Any, int]:
+    """pull's image and model: from the bundle, else the registry and the Hub; whether the
+    image was pulled (or loaded), where the model is, the bytes downloaded."""
+    from tensorless_deploy.local.run import pull_image
+
+    if bundle is not None:
+        loaded, blob = _from_bundle(bundle, engine, cache)
+        return loaded, blob, 0
+    pulled = pull_image(engine, r.engine.image)
+    print(f"image {r.engine.image}: {'pulled' if pulled else 'already present'}", file=sys.stderr)
+    blob, fetched = _fetch(r, cache, quiet=quiet)
+    return pulled, blob, fetched
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from tensorless_deploy.decisions.checks import pick_engine, state_refusal
     from tensorless_deploy.hostplan.plan import engine_bin, select
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.facts import local_facts
     from tensorless_deploy.local.fetch import LocalError
-    from tensorless_deploy.local.run import pull_image
 
     bundle = from_bundle(args)
-    catalog = bundle.catalog if bundle is not None else catalog_from(args)
+    catalog = catalog_of(args, bundle)
     flags = flags_from(args)
     entries = [catalog.card(args.model, args.card)] if args.card else catalog.find(args.model)
     cache = cache_dir()
@@ -272,14 +287,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             f"no container engine ({flags.engine or 'podman or docker'}) on this machine",
             fix="install podman",
         )
-    if bundle is not None:
-        (pulled, blob), fetched = _from_bundle(bundle, engine_bin(facts, engine), cache), 0
-    else:
-        pulled = pull_image(engine_bin(facts, engine), r.engine.image)
-        print(
-            f"image {r.engine.image}: {'pulled' if pulled else 'already present'}", file=sys.stderr
-        )
-        blob, fetched = _fetch(r, cache, quiet=bool(args.json))
+    pulled, blob, fetched = _pull(r, engine_bin(facts, engine), cache, bundle, bool(args.json))
     if args.json:
         emit_json(
             {

@@ -65,7 +65,8 @@ class Bundle:
 
     @property
     def source(self) -> Source:
-        return Source(self.entry.recipe.model.sha256, self.model, self.image)
+        r = self.entry.recipe
+        return Source(r.model.sha256, self.model, r.engine.image, self.image)
 
 
 def parts(recipe: Recipe, recipe_rel: str, wheel: str) -> dict[str, str]:
@@ -287,54 +288,33 @@ def _check_model(root: Path, rel: str, recipe: Recipe, listed: str) -> None:
         )
 
 
-class _Hashing:
-    """A file read through tarfile's stream mode, hashed as the bytes go past."""
-
-    def __init__(self, f: IO[bytes]) -> None:
-        self.f, self.h = f, hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        block = self.f.read(n)
-        self.h.update(block)
-        return block
-
-    def rest(self) -> str:
-        while self.read(CHUNK):
-            pass
-        return self.h.hexdigest()
-
-
 @dataclass
 class _Archive:
-    """What one read of an OCI archive found: each blob's sha256 and size, the small files."""
+    """What a read of an OCI archive found: each blob's sha256 and size, the small files."""
 
     blobs: dict[str, tuple[str, int]] = field(default_factory=dict)  # "sha256:..." -> (hex, n)
     small: dict[str, bytes] = field(default_factory=dict)
-    sha256: str = ""
 
 
 def _read_archive(path: Path) -> _Archive:
+    """Every file of the archive hashed (tarfile seeks from header to header; its stream mode
+    copies each block and took twice as long here); those up to SMALL kept to be parsed."""
     out = _Archive()
-    with path.open("rb") as f:
-        stream = _Hashing(f)
-        with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
-            for member in tar:
-                if not member.isfile():
-                    continue
-                name = member.name.removeprefix("./")
-                data = tar.extractfile(member)
-                assert data is not None
-                h, keep = hashlib.sha256(), member.size <= SMALL
-                kept = []
-                while block := data.read(CHUNK):
-                    h.update(block)
-                    if keep:
-                        kept.append(block)
-                if keep:
-                    out.small[name] = b"".join(kept)
-                if name.startswith("blobs/sha256/"):
-                    out.blobs[f"sha256:{name.rpartition('/')[2]}"] = (h.hexdigest(), member.size)
-        out.sha256 = stream.rest()
+    with tarfile.open(path, mode="r:") as tar:
+        for member in tar:
+            data = tar.extractfile(member) if member.isfile() else None
+            if data is None:
+                continue
+            name = member.name.removeprefix("./")
+            h, kept = hashlib.sha256(), []
+            while block := data.read(CHUNK):
+                h.update(block)
+                if member.size <= SMALL:
+                    kept.append(block)
+            if member.size <= SMALL:
+                out.small[name] = b"".join(kept)
+            if name.startswith("blobs/sha256/"):
+                out.blobs[f"sha256:{name.rpartition('/')[2]}"] = (h.hexdigest(), member.size)
     return out
 
 
@@ -380,6 +360,7 @@ def _references(doc: Any) -> list[tuple[str, bool]]:
 
 
 def _check_image(root: Path, rel: str, recipe: Recipe, listed: str) -> None:
+    _check_hash(root, rel, _sha256(root / rel), listed)
     try:
         archive = _read_archive(root / rel)
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -387,7 +368,6 @@ def _check_image(root: Path, rel: str, recipe: Recipe, listed: str) -> None:
             f"bundle {root}: part {rel} is not a whole OCI archive: {exc}",
             fix="copy that part again from the original bundle",
         ) from None
-    _check_hash(root, rel, archive.sha256, listed)
     digest = recipe.engine.image.rpartition("@")[2]
     problem = _image_problem(archive, digest)
     if problem is not None:
