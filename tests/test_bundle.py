@@ -205,12 +205,12 @@ def test_staged_bundle_plans_without_network(
     from tensorless_deploy.gguf.sizing import Sizing, SizingProblem, read_sizings
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    dead = "http://127.0.0.1:9"  # passed, not set as HF_ENDPOINT: huggingface_hub would keep it
     entry = written.entry
-    before = read_sizings([(entry.path, entry.recipe)])[entry.path]
+    before = read_sizings([(entry.path, entry.recipe)], endpoint=dead)[entry.path]
     assert isinstance(before, SizingProblem) and before.kind == "pending"  # the Hub is dead
     stage(written)
-    sized = read_sizings([(entry.path, entry.recipe)])[entry.path]
+    sized = read_sizings([(entry.path, entry.recipe)], endpoint=dead)[entry.path]
     assert isinstance(sized, Sizing), sized
     known = read_engine_image(entry.recipe.engine.image, timeout=1)
     assert known.labels == {CUDA: "60"} and "bundle" in known.where

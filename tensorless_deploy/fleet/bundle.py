@@ -7,13 +7,13 @@ user's business; the verification here is ours)::
     SHA256SUMS                        sha256sum's format: every other file, one line each
     recipe/<org>/<repo>/<card>.toml   the recipe, as a catalog of one (load_catalog reads it)
     model/<file>                      the GGUF, its recipe's sha256 and size_bytes
-    image/<digest>.oci.tar            the engine image as an OCI archive of its pinned digest
-    wheel/<this tool>.whl             this tool, built with ``pip wheel --no-deps``
+    image/sha256-<hex>.oci.tar        the engine image as an OCI archive of its pinned digest
+    wheel/<this tool>.whl             this tool, built by ``pip wheel --no-deps`` from its tree
 
 ``verify`` checks every part before anything reaches a host: the file set is exactly the one
 SHA256SUMS lists (a missing or an extra file is refused), every file hashes to its line, the
 recipe is one the catalog accepts, the GGUF has the recipe's size and sha256, and the archive's
-manifest is the recipe's pinned digest (its blobs hashed to their digests in the same read).
+index names the recipe's pinned digest, every blob that manifest reaches hashing to its digest.
 ``stage`` then puts what planning reads over the network on the controller (the GGUF header,
 the engine image's labels) into the caches the planner reads first, so that a deploy from a
 bundle opens no connection but SSH to the hosts.
@@ -42,10 +42,10 @@ from tensorless_deploy.recipe.schema import Recipe
 SUMS = "SHA256SUMS"
 CHUNK = 4 << 20
 _SUM_LINE = re.compile(r"^([0-9a-f]{64}) [ *](\S.*)$")
-# the build backend is the one installed here: no index is asked
+# the build backend is the one installed here (no isolation): no index is asked for anything
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
 PIP_WHEEL.append("--no-index")
-SMALL = 4 << 20  # archive members kept in memory while they stream past: index and manifests
+SMALL = 4 << 20  # archive members kept in memory to be parsed: the index and the manifests
 
 
 class BundleError(TensorlessError):
@@ -72,11 +72,13 @@ class Bundle:
 def parts(recipe: Recipe, recipe_rel: str, wheel: str) -> dict[str, str]:
     """What each part of a bundle of this recipe is called in it (the one naming of both
     writing and verifying)."""
-    digest = recipe.engine.image.rpartition("@")[2]
+    from tensorless_deploy.fleet.push import remote_image_path
+
+    archive = remote_image_path(recipe.engine.image).rpartition("/")[2]  # the hosts' name for it
     return {
         "recipe": f"recipe/{recipe_rel}",
         "model": f"model/{Path(recipe.model.file).name}",
-        "image": f"image/{digest.replace(':', '-')}.oci.tar",
+        "image": f"image/{archive}",
         "wheel": f"wheel/{wheel}",
     }
 
