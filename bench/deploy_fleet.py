@@ -17,13 +17,17 @@ Prints, as medians of --runs interleaved rounds:
      (0: hashed on arrival), and the model bytes the hosts hashed after arrival (file size x
      hosts that read it again).
 With --push every host gets model and image pushed from this machine (`--transfer push`),
-the engine image removed between rounds. --hosts N: gpu1..gpuN (default: every GPU host of the
+the engine image removed between rounds. With --from-bundle a bundle is written once
+(`bundle`), and every deploy is `deploy --from-bundle` (its verification included in the time),
+the pushes taken from it, the engine image removed between rounds as with --push.
+--hosts N: gpu1..gpuN (default: every GPU host of the
 set; legacy1 and persist1 never, they are other kinds of host): only those deploy and count.
 The hosts are left as the bench found them: each one's GPU profile put back, the bench's unit
 and model purged, images it added removed and the engine image pulled back where it was there
 before; a host that already holds the bench's unit or model is refused up front. Its work
 folder (under the set's BASE, TL_SET) is removed, on an error too.
-Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push] [--hosts 4]   (root)
+Usage: .venv/bin/python bench/deploy_fleet.py [--runs 3] [--push|--from-bundle] [--hosts 4]
+(root)
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--push", action="store_true", help="--transfer push to every host")
+    ap.add_argument("--from-bundle", action="store_true", help="deploy --from-bundle")
     ap.add_argument("--hosts", type=int, default=0, help="gpu1..gpuN (default: every GPU host)")
     opts = ap.parse_args()
     runs = opts.runs
@@ -143,7 +148,8 @@ def main() -> int:
             "HF_HUB_CACHE": str(work / "hub"),
             **cached_bytecode(work),  # as installed: pyinfra's own bytecode is cached too
         }
-        if opts.push:
+        pushed = opts.push or opts.from_bundle
+        if pushed:
             reg = work / "registries.conf"
             location = hosts_json["registry"]
             reg.write_text(f'[[registry]]\nlocation = "{location}"\ninsecure = true\n')
@@ -151,13 +157,17 @@ def main() -> int:
         catalog = str(write_catalog(work / "recipes", tiny_recipe(hosts_json, TINY_COMMIT)))
         inv = str(write_inventory(work / "inventory.py", gpu))
         limit_one = ["--limit", gpu[0].name]
+        source = ["--recipes", catalog]
+        if opts.from_bundle:
+            bundle = work / "tiny.bundle"
+            timed(["bundle", "tiny", "--recipes", catalog, "-o", str(bundle)], env)
+            source = ["--from-bundle", str(bundle)]
         deploy = [
             "deploy",
             "-i",
             inv,
             "tiny",
-            "--recipes",
-            catalog,
+            *source,
             *(["--transfer", "push"] if opts.push else []),
         ]
         purge = ["stop", "tiny", "-i", inv, "--recipes", catalog, "--purge"]
@@ -173,7 +183,7 @@ def main() -> int:
             timed(purge, env)
             for h in gpu:
                 ssh_run(h, f"mkdir -p {BLOBS}", timeout=120)
-                if opts.push:  # the image must travel again too
+                if pushed:  # the image must travel again too
                     drop_images(h, before[h.name].images, image)
 
         def watched(args: list[str], names: list[str]) -> tuple[float, dict[str, Any]]:
@@ -213,7 +223,7 @@ def main() -> int:
             cli(*purge, env=env)
     med = statistics.median
     n = len(gpu)
-    how = "pushed" if opts.push else "pulled"
+    how = "from a bundle" if opts.from_bundle else "pushed" if opts.push else "pulled"
     print(
         f"hosts: {', '.join(h.name for h in gpu)}; {runs} rounds; medians; "
         f"load average {os.getloadavg()[0]:.2f}"

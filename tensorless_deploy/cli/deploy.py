@@ -7,9 +7,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from tensorless_deploy.cli.bundle import deploy_source, from_bundle_flag
 from tensorless_deploy.cli.common import (
     FleetProgress,
-    catalog_from,
     dry_run_flag,
     flags_from,
     instances_flag,
@@ -111,7 +111,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from tensorless_deploy.fleet.status import serving_digests
     from tensorless_deploy.hub import token
 
-    catalog = catalog_from(args)
+    catalog, source, transfer = deploy_source(args)
     catalog.find(args.model)
     flags = flags_from(args)
     if args.serial is not None and args.serial < 1:
@@ -125,9 +125,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         flags,
         args.dry_run,
         None,
-        args.transfer,
+        transfer,
         token_source=None if args.dry_run else token,
         progress=progress if progress.tty else None,
+        source=source,
     )
     try:
         if args.serial and not args.dry_run:
@@ -194,6 +195,7 @@ def register(command: Command) -> None:
         metavar="N",
         help="roll N hosts at a time; the first failure stops the roll",
     )
+    from_bundle_flag(p)
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
     p.add_argument(
         "--context",

@@ -8,6 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from tensorless_deploy.cli.bundle import catalog_of, from_bundle, from_bundle_flag
 from tensorless_deploy.cli.common import (
     Bar,
     Refused,
@@ -26,6 +27,7 @@ from tensorless_deploy.errors import TensorlessError, UsageError
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
+    from tensorless_deploy.fleet.bundle import Bundle
     from tensorless_deploy.hostplan.plan import HostPlan
     from tensorless_deploy.recipe.schema import Recipe
 
@@ -49,7 +51,7 @@ def _refusal(plan: HostPlan, model: str) -> TensorlessError | None:
 
 
 def _local_plan(
-    args: argparse.Namespace, dry: bool
+    args: argparse.Namespace, dry: bool, bundle: Bundle | None = None
 ) -> tuple[HostPlan, HostPlan, TensorlessError | None]:
     """This machine's host plan for MODEL, the model in this machine's Hugging Face cache; the
     seed's state table and the failed checks refuse here, before anything is fetched. With dry:
@@ -63,7 +65,7 @@ def _local_plan(
     from tensorless_deploy.local.facts import local_facts
     from tensorless_deploy.local.run import local_secrets_root
 
-    catalog = catalog_from(args)
+    catalog = catalog_of(args, bundle)
     card = getattr(args, "card", None)
     entries = [catalog.card(args.model, card)] if card else catalog.find(args.model)
     flags = access_from(args, flags_from(args, **RUN_FLAG_NAMES))
@@ -175,7 +177,8 @@ def _print_dry_run(
 def cmd_run(args: argparse.Namespace) -> int:
     from tensorless_deploy.local.run import container_argv, pull_image, run_foreground
 
-    plan, real, refusal = _local_plan(args, args.dry_run)
+    bundle = from_bundle(args)
+    plan, real, refusal = _local_plan(args, args.dry_run, bundle)
     assert plan.recipe is not None and plan.engine_bin is not None
     spec = plan.instances[0].spec
     if args.dry_run:
@@ -184,8 +187,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_dry_run(plan, container_argv(spec, spec.engine), args.json, real, code)
         return code
     r = plan.recipe
-    pull_image(plan.engine_bin, r.engine.image)
-    _fetch(r, plan.options.models_dir, quiet=bool(args.json))
+    if bundle is not None:
+        _from_bundle(bundle, plan.engine_bin, plan.options.models_dir)
+    else:
+        pull_image(plan.engine_bin, r.engine.image)
+        _fetch(r, plan.options.models_dir, quiet=bool(args.json))
     if not spec.tuning.tuned:
         print(untuned_line(spec.tuning.reasons), file=sys.stderr)
 
@@ -220,15 +226,47 @@ def _fetch(recipe: Recipe, cache: str, *, quiet: bool = False) -> tuple[Any, int
     return got.blob, got.downloaded
 
 
+def _from_bundle(bundle: Bundle, engine: str, cache: str) -> tuple[bool, Any]:
+    """The bundle's image and model on this machine, as pull leaves them; what it said."""
+    from tensorless_deploy.fleet.bundle import image_here, model_here
+
+    r = bundle.entry.recipe
+    loaded = image_here(bundle, engine)
+    said = "loaded from the bundle" if loaded else "already present"
+    print(f"image {r.engine.image}: {said}", file=sys.stderr)
+    blob = model_here(bundle, cache)
+    print(
+        f"model {r.model.file}: from the bundle; sha256 {r.model.sha256[:12]}... ok ({blob})",
+        file=sys.stderr,
+    )
+    return loaded, blob
+
+
+def _pull(
+    r: Recipe, engine: str, cache: str, bundle: Bundle | None, quiet: bool
+) -> tuple[bool, Any, int]:
+    """pull's image and model: from the bundle, else the registry and the Hub; whether the
+    image was pulled (or loaded), where the model is, the bytes downloaded."""
+    from tensorless_deploy.local.run import pull_image
+
+    if bundle is not None:
+        loaded, blob = _from_bundle(bundle, engine, cache)
+        return loaded, blob, 0
+    pulled = pull_image(engine, r.engine.image)
+    print(f"image {r.engine.image}: {'pulled' if pulled else 'already present'}", file=sys.stderr)
+    blob, fetched = _fetch(r, cache, quiet=quiet)
+    return pulled, blob, fetched
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from tensorless_deploy.decisions.checks import pick_engine, state_refusal
     from tensorless_deploy.hostplan.plan import engine_bin, select
     from tensorless_deploy.hub import cache_dir
     from tensorless_deploy.local.facts import local_facts
     from tensorless_deploy.local.fetch import LocalError
-    from tensorless_deploy.local.run import pull_image
 
-    catalog = catalog_from(args)
+    bundle = from_bundle(args)
+    catalog = catalog_of(args, bundle)
     flags = flags_from(args)
     entries = [catalog.card(args.model, args.card)] if args.card else catalog.find(args.model)
     cache = cache_dir()
@@ -249,9 +287,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             f"no container engine ({flags.engine or 'podman or docker'}) on this machine",
             fix="install podman",
         )
-    pulled = pull_image(engine_bin(facts, engine), r.engine.image)
-    print(f"image {r.engine.image}: {'pulled' if pulled else 'already present'}", file=sys.stderr)
-    blob, fetched = _fetch(r, cache, quiet=bool(args.json))
+    pulled, blob, fetched = _pull(r, engine_bin(facts, engine), cache, bundle, bool(args.json))
     if args.json:
         emit_json(
             {
@@ -332,9 +368,11 @@ def register(command: Command) -> None:
         metavar="N|UUID",
         help="the card to run on (index or GPU-uuid; default: the first that matches)",
     )
+    from_bundle_flag(p)
     p = command("pull", "fetch a recipe's image (by digest) and model (sha256-verified)", cmd_pull)
     _local_flags(p, server=False)
     p.add_argument("--card", metavar="ID", help="the card's recipe (default: this machine's GPU)")
+    from_bundle_flag(p)
     p = command(
         "serve", "serve a recipe always-on on this machine: the deploy path, locally", cmd_serve
     )

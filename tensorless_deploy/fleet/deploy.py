@@ -49,7 +49,7 @@ from tensorless_deploy.hostplan.plan import HostPlan, Instance, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
 
 if TYPE_CHECKING:
-    from tensorless_deploy.fleet.push import Progress
+    from tensorless_deploy.fleet.push import Progress, Source
 
 TokenSource = Callable[[], "str | None"]
 
@@ -67,6 +67,8 @@ class DeployRequest:
     token_source: TokenSource | None = None
     # bytes of each transfer while it runs (host, what, done, total): shown, never decided on
     progress: Progress | None = None
+    # the bytes to push from (a verified offline bundle) instead of the Hub and the registry
+    source: Source | None = None
 
 
 class _Token:
@@ -518,8 +520,9 @@ def _transfer(run: _Run) -> None:
     pushing = {n: p for n, p in run.plans.items() if run.modes[n][0] == "push"}
     if not pushing or run.request.dry:
         return
+    request = run.request
     errors, sent = push(
-        run.state, run.by_name, pushing, run.token, run.missing, run.request.progress
+        run.state, run.by_name, pushing, run.token, run.missing, request.progress, request.source
     )
     for name, what in sent.items():
         run.transfers[name] += f"; {what}"

@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.fleet.channel import host_command, ssh_transport
 from tensorless_deploy.fleet.connect import host_fact, in_step, on_each_host
 from tensorless_deploy.hostplan.plan import HostPlan
 from tensorless_deploy.hub import controller_state_dir
+
+if TYPE_CHECKING:
+    from tensorless_deploy.recipe.schema import Recipe
 
 CHUNK = 4 << 20  # one read and one channel write per 4 MiB
 WINDOW = 64 << 20  # the SSH channel's receive window the host grants: a writer never waits on it
@@ -45,6 +48,17 @@ PROGRESS_EVERY_S = 0.5
 
 class TransferError(TensorlessError):
     """The controller could not fetch what it is to push."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a push takes its bytes from instead of the Hub and the registry: the verified
+    files of an offline bundle (fleet.bundle): the GGUF of sha256, the archive of image_ref."""
+
+    sha256: str
+    model: Path
+    image_ref: str
+    image: Path
 
 
 def image_archive(image: str) -> Path:
@@ -298,11 +312,12 @@ def push(
     token: Token | str | None,
     missing: Missing | None = None,
     progress: Progress | None = None,
+    source: Source | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Fetch model and image once on the controller, send them to every host that lacks them
-    (resuming partial files, each host at its own pace). Returns the hosts that failed, with
-    why, and what was sent to each host."""
-    report = push_report(state, by_name, plans, token, missing, progress)
+    """Fetch model and image once on the controller (or take them from source), send them to
+    every host that lacks them (resuming partial files, each host at its own pace). Returns the
+    hosts that failed, with why, and what was sent to each host."""
+    report = push_report(state, by_name, plans, token, missing, progress, source)
     return report.failed, {n: "; ".join(parts) for n, parts in report.sent.items()}
 
 
@@ -313,9 +328,9 @@ def push_report(
     token: Token | str | None,
     missing: Missing | None = None,
     progress: Progress | None = None,
+    source: Source | None = None,
 ) -> PushReport:
-    from tensorless_deploy.hub import cache_dir
-    from tensorless_deploy.local.fetch import LocalError, fetch_model
+    from tensorless_deploy.local.fetch import LocalError
 
     report = PushReport()
     for sha in {p.recipe.model.sha256 for p in plans.values() if p.recipe is not None}:
@@ -328,8 +343,7 @@ def push_report(
         try:
             if needs_model:
                 t0 = time.monotonic()
-                fetched = _on_controller(progress, "fetch model")
-                blob_path = fetch_model(recipe, cache_dir(), token=token, progress=fetched).blob
+                blob_path = _model_file(recipe, source, token, progress)
                 report.seconds["fetch model"] = time.monotonic() - t0
                 targets = [
                     (n, _partial(group[n]), recipe.model.size_bytes, _lock(group[n]))
@@ -338,7 +352,7 @@ def push_report(
                 _send(state, by_name, "model", blob_path, targets, report, progress)
             if needs_image:
                 t0 = time.monotonic()
-                archive = image_archive(recipe.engine.image)
+                archive = _image_file(recipe.engine.image, source)
                 report.seconds["fetch image"] = time.monotonic() - t0
                 remote = remote_image_path(recipe.engine.image)
                 size = archive.stat().st_size
@@ -355,6 +369,27 @@ def push_report(
             why = f"push: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")
             report.failed.update({n: why for n in group})
     return report
+
+
+def _model_file(
+    recipe: Recipe, source: Source | None, token: Token | str | None, progress: Progress | None
+) -> Path:
+    """The GGUF to send: the source's where it holds this model, else this machine's Hub
+    cache's (fetched once, or found verified)."""
+    from tensorless_deploy.hub import cache_dir
+    from tensorless_deploy.local.fetch import fetch_model
+
+    if source is not None and source.sha256 == recipe.model.sha256:
+        return source.model
+    fetched = _on_controller(progress, "fetch model")
+    return fetch_model(recipe, cache_dir(), token=token, progress=fetched).blob
+
+
+def _image_file(image: str, source: Source | None) -> Path:
+    """The image archive to send: the source's where it holds this image, else saved here."""
+    if source is not None and source.image_ref == image:
+        return source.image
+    return image_archive(image)
 
 
 def _on_controller(progress: Progress | None, what: str) -> Callable[[int, int], None] | None:
