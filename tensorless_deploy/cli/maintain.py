@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.common import (
     catalog_from,
+    drain_timeout_flag,
     flags_from,
     inventory_flags,
     recipes_flag,
@@ -198,6 +199,7 @@ def register(command: Command) -> None:
     p.add_argument("phase", choices=("begin", "end"), help="open the window, or close it")
     inventory_flags(p)
     wait_lock_flag(p)
+    drain_timeout_flag(p)
     p.add_argument(
         "--runs",
         type=int,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.common import (
     catalog_from,
+    drain_timeout_flag,
     dry_run_flag,
     flags_from,
     hosts_flags,
@@ -356,6 +357,7 @@ def register(command: Command) -> None:
     p.add_argument("--purge", action="store_true", help="also remove the model file")
     dry_run_flag(p)
     wait_lock_flag(p)
+    drain_timeout_flag(p)
     recipes_flag(p)
     p = command(
         "rollback",
@@ -366,6 +368,7 @@ def register(command: Command) -> None:
     _model_hosts(p)
     dry_run_flag(p)
     wait_lock_flag(p)
+    drain_timeout_flag(p)
     recipes_flag(p)
     p = command(
         "prune",

@@ -50,6 +50,7 @@ from tensorless_deploy.recipe.catalog import Catalog
 
 if TYPE_CHECKING:
     from tensorless_deploy.fleet.push import Progress
+    from tensorless_deploy.operations.deploy import Door
 
 TokenSource = Callable[[], "str | None"]
 
@@ -67,6 +68,17 @@ class DeployRequest:
     token_source: TokenSource | None = None
     # bytes of each transfer while it runs (host, what, done, total): shown, never decided on
     progress: Progress | None = None
+    # the front door before the instances (door_of): each instance that changes is taken out
+    # of it before its restart and put back once healthy and on its card
+    door: Door | None = None
+
+
+def door_of(inventory: Any, hosts: Sequence[Any]) -> Door | None:
+    """The front door that fronts these hosts' instances, where the inventory has one; None:
+    no door (deploy still waits for each instance's /slots idle before its restart). The
+    finder plugs in here."""
+    del inventory, hosts
+    return None
 
 
 class _Token:
@@ -442,6 +454,7 @@ class _Run:
     transfers: dict[str, str] = field(default_factory=dict)  # the report's words for it
     metas: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> step -> meta
     took: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, op hash) -> s
+    said: dict[str, list[str]] = field(default_factory=dict)  # host -> the door's answers
 
 
 def deploy(
@@ -574,6 +587,8 @@ def _apply(run: _Run) -> None:
                 archive=archive,
                 steps=run.metas,
                 owner=held.pid if held is not None else None,
+                door=run.request.door,
+                said=run.said,
                 host=run.by_name[name],
             )
         )
@@ -592,6 +607,8 @@ def _report(run: _Run) -> None:
     for name, plan in run.plans.items():
         seconds = seconds_of(run.took, name)
         steps = _step_results(run.metas.get(name, {}), dry, seconds)
+        if run.said.get(name):  # what the door did, instance by instance
+            steps += (StepResult("door", "changed", tuple(run.said[name])),)
         result = _result(plan, steps, dry, run.transfers.get(name))
         gone = lost(run.state, name)
         if gone is not None:
@@ -607,9 +624,12 @@ def _report(run: _Run) -> None:
 def roll(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest, serial: int
 ) -> list[HostResult]:
-    """deploy --serial N: N hosts at a time, the next batch only once this one is healthy; the
-    first host that fails (restored to its previous unit by deploy itself) stops the roll, and
-    the hosts after it are left untouched."""
+    """deploy --serial N: at most N instances change at once. Hosts go N at a time, and within
+    a host its instances go one by one (serve_plan: each restarted only once the one before is
+    healthy and on its card again, after its requests in flight finished), so a host with two
+    cards keeps serving through its own upgrade; the next batch starts only once this one is
+    healthy. The first host that fails (restored to its previous unit by deploy itself) stops
+    the roll, and the hosts after it are left untouched."""
     results: list[HostResult] = []
     stopped_by: str | None = None
     for start in range(0, len(hosts), serial):

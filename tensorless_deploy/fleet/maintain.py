@@ -25,7 +25,7 @@ from tensorless_deploy.facts.values import DeployedUnit, HostFacts, MaintenanceR
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_and_size
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.fleet.runner import HostResult, Step, StepResult, apply_steps
-from tensorless_deploy.fleet.status import start_timeout
+from tensorless_deploy.fleet.status import drain_args, start_timeout
 from tensorless_deploy.hostplan.doctor import host_report
 from tensorless_deploy.hostplan.maintain import (
     Ending,
@@ -124,7 +124,16 @@ def begin(
         todo = [Step("record", ops.record, {"text": record_text(record)})] if fresh else []
         drained = drain(h.name, units)
         todo += [
-            Step(f"hold {u.name}", ops.held, {"service": f"{u.name}.service", "active": u.active})
+            Step(
+                f"hold {u.name}",
+                ops.held,
+                {
+                    "service": f"{u.name}.service",
+                    "active": u.active,
+                    "path": u.path,
+                    **drain_args(u, options_for(h, flags)),
+                },
+            )
             for u in units
         ]
         steps[h.name] = todo

@@ -52,6 +52,7 @@ from tensorless_deploy.hostplan.targets import Job, Skipped
 from tensorless_deploy.launch.spec import (
     LABEL_TLS,
     SECRETS_DIR,
+    api_key_path,
     secrets_dir,
     unit_model_slug,
 )
@@ -389,7 +390,12 @@ def stop(
             Step(
                 f"remove {u.name}",
                 removed,
-                dict(service=u.name, paths=unit_paths(u.name), secrets=secrets_dir(u.name)),
+                dict(
+                    service=u.name,
+                    paths=unit_paths(u.name),
+                    secrets=secrets_dir(u.name),
+                    **drain_args(u, options[h.name]),
+                ),
                 preview=()
                 if purge or (f := model_file(u)) is None
                 else (f"would keep the model file {f} (--purge removes it)",),
@@ -451,6 +457,7 @@ def rollback(
 
     entries = catalog.find_or_none(model)
     state = new_state(inventory, flags, lock=None if dry else f"rollback {model}")
+    options = {h.name: options_for(h, flags or Flags()) for h in hosts}
     found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
     steps: dict[str, list[Step]] = {}
@@ -472,7 +479,11 @@ def rollback(
             Step(
                 f"rollback {u.name}",
                 rolled_back,
-                dict(path=u.path, timeout_s=start_timeout(u.previous_text)),
+                dict(
+                    path=u.path,
+                    timeout_s=start_timeout(u.previous_text),
+                    **drain_args(u, options[h.name]),
+                ),
                 preview=rollback_preview(u),
             )
             for u in mine
@@ -491,6 +502,13 @@ def rollback(
         else:
             out.append(not_read(h.name, found[h.name]))
     return out
+
+
+def drain_args(unit: DeployedUnit, options: Options) -> dict[str, Any]:
+    """What an operation that stops or restarts a serving unit needs for its wait until the
+    unit is idle (operations.unit's idle_s and key): the host's drain timeout, and where the
+    unit's API key file is on the host (sent where it exists)."""
+    return {"idle_s": options.drain_timeout, "key": api_key_path(unit.name)}
 
 
 def not_read(host: str, error: object, what: str | None = None) -> HostResult:

@@ -6,6 +6,8 @@
 # second rollback returns to it. When the previous unit does not pass, the current one is put back
 # and restarted.
 : "${path:?}" "${svc:?}" "${kind:?}" "${timeout:?}" "${device_re:?}"
+# idle, key: wait up to idle seconds for the current instance's requests in flight first
+: "${idle=}" "${key=}"
 prev="$path.tensorless-prev"
 if [ ! -f "$prev" ]; then
   echo "no previous unit is kept for $svc: nothing to roll back to" >&2
@@ -29,6 +31,7 @@ healthy() {
   done
   return 1
 }
+[ -z "$idle" ] || wait_idle "$(health_url "$path")" "$key" "$idle" "rolled back"
 t0=$(date +%s)
 swap
 systemctl daemon-reload
