@@ -180,7 +180,7 @@ def test_serial_one_rolls_a_two_card_host_instance_by_instance(
         p.start()
     time.sleep(1)
     try:  # in this process's child: the roll with a door that records its calls
-        proc = cli_door(inventory, catalog, env)
+        proc = cli_door("deploy", inventory, catalog, env)
     finally:
         time.sleep(1)
         for p in pollers.values():
@@ -214,13 +214,34 @@ def test_serial_one_rolls_a_two_card_host_instance_by_instance(
     drains = [line for s in host["steps"] for line in s["output"] if line.startswith("drain:")]
     assert len(drains) == 2 and all("idle" in d for d in drains), drains
 
+    # rollback: the same door calls around each unit's swap, one unit at a time (in the order
+    # the host lists its units)
+    back = cli_door("rollback", inventory, catalog, env)
+    assert back["ok"], back
+    swapped = [(e["what"], e["port"]) for e in back["events"]]
+    a, b = swapped[0][1], swapped[2][1]
+    assert swapped == [("take_out", a), ("put_back", a), ("take_out", b), ("put_back", b)]
+    assert {a, b} == {8080, 8081}
+    assert all(e["health"] == 200 for e in back["events"]), back["events"]
+    # stop: every unit taken out, while it still served, before any is removed
+    gone = cli_door("stop", inventory, catalog, env)
+    assert gone["ok"], gone
+    assert sorted((e["what"], e["port"], e["health"]) for e in gone["events"]) == [
+        ("take_out", 8080, 200),
+        ("take_out", 8081, 200),
+    ]
+    (host,) = gone["hosts"]
+    assert any(s["name"] == "door" for s in host["steps"]), host
 
-def cli_door(inventory: Path, catalog: Path, env: dict[str, str]) -> dict[str, Any]:
+
+def cli_door(command: str, inventory: Path, catalog: Path, env: dict[str, str]) -> dict[str, Any]:
+    """tests/hosts/roll_door.py: COMMAND in a process of its own, with a door that records."""
     import os
     import subprocess
 
+    argv = [sys.executable, "-m", "tests.hosts.roll_door", command, str(inventory), str(catalog)]
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.hosts.roll_door", str(inventory), str(catalog), "tiny"],
+        [*argv, "tiny"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -75,7 +75,10 @@ def _print(r: MaintainResult, verbose: int) -> None:
         print(f"  driver: {rec.driver or 'unknown'} ({rec.flavour or 'module unknown'})")
         held = ", ".join(u.name for u in rec.units) or "none (no unit of this tool here)"
         print(f"  stopped and kept from starting: {held}")
-        drained = "; ".join(r.drained) or "nothing (no front door yet): the units stopped at once"
+        drained = (
+            "; ".join(r.drained)
+            or "nothing at a door (none fronts this host): each unit stopped once idle"
+        )
         print(f"  drained: {drained}")
         print(f"  now: {r.next}")
     if r.ending is not None:
@@ -139,6 +142,7 @@ def _bench(
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     from tensorless_deploy.cli.bench import print_bench_result
+    from tensorless_deploy.fleet.deploy import door_of
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
     from tensorless_deploy.fleet.maintain import begin, end
 
@@ -154,10 +158,11 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     flags = flags_from(args)
     inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit)
+    door = door_of(inventory, hosts)
     if args.phase == "begin":
-        results = begin(inventory, hosts, flags)
+        results = begin(inventory, hosts, flags, door=door)
     else:
-        results = end(inventory, hosts, catalog, flags)
+        results = end(inventory, hosts, catalog, flags, door=door)
     benched: list[dict[str, Any]] = []
     bench_failed: list[str] = []
     if args.phase == "end" and args.runs > 0:

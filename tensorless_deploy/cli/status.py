@@ -154,24 +154,37 @@ def _report(args: argparse.Namespace, results: list[HostResult], what: str) -> i
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.deploy import door_of
     from tensorless_deploy.fleet.status import stop
 
     catalog = catalog_from(args)
     if args.purge:
         catalog.find(args.model)  # purging needs the recipe: which file to remove
     inventory, hosts = _hosts(args)
+    door = None if args.dry_run else door_of(inventory, hosts)
     results = stop(
-        inventory, hosts, catalog, args.model, args.purge, flags_from(args), dry=args.dry_run
+        inventory,
+        hosts,
+        catalog,
+        args.model,
+        args.purge,
+        flags_from(args),
+        dry=args.dry_run,
+        door=door,
     )
     return _report(args, results, "stop")
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.deploy import door_of
     from tensorless_deploy.fleet.status import rollback
 
     catalog = catalog_from(args)
     inventory, hosts = _hosts(args)
-    results = rollback(inventory, hosts, catalog, args.model, flags_from(args), dry=args.dry_run)
+    door = None if args.dry_run else door_of(inventory, hosts)
+    results = rollback(
+        inventory, hosts, catalog, args.model, flags_from(args), dry=args.dry_run, door=door
+    )
     return _report(args, results, "rollback")
 
 

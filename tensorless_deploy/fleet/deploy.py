@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 from tensorless_deploy.decisions.device import CPU_DEVICE, DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.device import parse_device_log
-from tensorless_deploy.facts.values import LABEL_DEVICE, LABEL_RECIPE_DIGEST, HostFacts
+from tensorless_deploy.facts.values import (
+    LABEL_DEVICE,
+    LABEL_PORT,
+    LABEL_RECIPE_DIGEST,
+    DeployedUnit,
+    HostFacts,
+)
 from tensorless_deploy.fleet.connect import (
     Refused,
     Unreachable,
@@ -79,6 +85,31 @@ def door_of(inventory: Any, hosts: Sequence[Any]) -> Door | None:
     finder plugs in here."""
     del inventory, hosts
     return None
+
+
+def unit_port(unit: DeployedUnit) -> int | None:
+    """The port a unit serves on, as its labels say (the door knows an instance by it)."""
+    labels = unit.container_labels or unit.unit_labels
+    text = labels.get(LABEL_PORT, "")
+    return int(text) if text.isdigit() else None
+
+
+def take_out_units(
+    door: Door | None, host: str, units: Sequence[DeployedUnit], timeout_s: float
+) -> tuple[str, ...]:
+    """Each of a host's units that are about to stop taken out of the door, one line each on
+    what it answered (nothing without a door): for stop and maintain begin, where every unit
+    of the host goes and none comes back in this run."""
+    if door is None:
+        return ()
+    out = []
+    for u in units:
+        port = unit_port(u)
+        if port is None:
+            out.append(f"{u.name}: carries no {LABEL_PORT} label: not taken out of the door")
+            continue
+        out.append(f"{u.name} ({port}): {door.take_out(host, port, timeout_s) or 'taken out'}")
+    return tuple(out)
 
 
 class _Token:

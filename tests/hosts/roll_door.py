@@ -1,8 +1,8 @@
-"""deploy --serial 1 run in this process with a front door that records its calls: a small
-real door (no balancer behind it), each call stamped with the time and with what the instance
-answered then (its /health, read over HTTP from here), so a test can put the door's calls
-beside the host's own events. Run as ``python -m tests.hosts.roll_door INVENTORY RECIPES
-MODEL``; prints {"ok", "events", "hosts"} as JSON."""
+"""deploy --serial 1, rollback or stop run in this process with a front door that records its
+calls: a small real door (no balancer behind it), each call stamped with the time and with what
+the instance answered then (its /health, read over HTTP from here), so a test can put the
+door's calls beside the host's own events. Run as ``python -m tests.hosts.roll_door
+deploy|rollback|stop INVENTORY RECIPES MODEL``; prints {"ok", "events", "hosts"} as JSON."""
 
 from __future__ import annotations
 
@@ -44,17 +44,23 @@ class RecordingDoor:
         return None
 
 
-def main(inventory_path: str, recipes: str, model: str) -> int:
+def main(command: str, inventory_path: str, recipes: str, model: str) -> int:
     from tensorless_deploy.cli.common import result_json
     from tensorless_deploy.fleet.deploy import DeployRequest, roll
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
+    from tensorless_deploy.fleet.status import rollback, stop
     from tensorless_deploy.recipe.catalog import load_catalog
 
     inventory = load_inventory(inventory_path, False, offers_local=False)
     hosts = select_hosts(inventory, [])
     door = RecordingDoor({h.name: str(h.data.get("ssh_hostname")) for h in hosts})
-    request = DeployRequest(model, door=door)
-    results = roll(inventory, hosts, load_catalog(Path(recipes)), request, 1)
+    catalog = load_catalog(Path(recipes))
+    if command == "deploy":
+        results = roll(inventory, hosts, catalog, DeployRequest(model, door=door), 1)
+    elif command == "rollback":
+        results = rollback(inventory, hosts, catalog, model, door=door)
+    else:
+        results = stop(inventory, hosts, catalog, model, False, door=door)
     print(
         json.dumps(
             {
