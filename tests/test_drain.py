@@ -1,4 +1,4 @@
-"""The wait before a restart or stop until an instance is idle (host.sh wait_idle, in_flight,
+"""The wait before a restart or stop until an instance is idle (api.sh wait_idle, in_flight,
 api_get), run by sh against a small real HTTP server standing in for llama-server's /health,
 /slots and /metrics; and the drain parameters the operations pass to the unit scripts."""
 
@@ -86,7 +86,12 @@ def serve() -> Iterator[Any]:
 
 def wait_idle(srv: Server, seconds: int, key_file: str = "") -> str:
     url = f"http://127.0.0.1:{srv.server_address[1]}/health"
-    cmd = shell.with_host_lib(f'\nwait_idle "{url}" "{key_file}" {seconds} restarted')
+    libs = shell.load("tensorless_deploy", shell.HOST_LIB) + shell.load(
+        "tensorless_deploy", shell.API_LIB
+    )
+    cmd = shell.bind(
+        f'{libs}\nwait_idle "{url}" "{key_file}" {seconds} restarted', **shell.host_values()
+    )
     done = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

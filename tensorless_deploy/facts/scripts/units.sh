@@ -1,5 +1,6 @@
 # shellcheck shell=sh
 # needs: host.sh
+# needs: api.sh
 # shellcheck disable=SC2154  # td_*: host.sh's parameters, bound before
 # The one reader of the unit files tensorless-deploy wrote on this host (read by
 # facts.parsers.read_unit_blocks): `read_units` prints a block per unit, for the survey

@@ -1,5 +1,6 @@
 #!/bin/sh
 # needs: host.sh
+# needs: api.sh
 # Keep a unit from starting during a maintenance window, then stop it: the drop-in's condition
 # (the window's record exists) holds at boot, for a restart policy and for a start by hand.
 : "${svc:?}" "${dropin:?}" "${text:?}"

@@ -1,5 +1,6 @@
 #!/bin/sh
 # needs: host.sh
+# needs: api.sh
 # needs: unit-lib.sh
 # (Re)start a unit, wait for /health 200, then read its start log: the instance must say it runs
 # where its unit's io.tensorless.device label says (on_card, unit-lib.sh). A new unit that fails either

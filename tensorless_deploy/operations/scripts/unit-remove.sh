@@ -1,5 +1,6 @@
 #!/bin/sh
 # needs: host.sh
+# needs: api.sh
 # Stop and remove a unit (and with purge=yes its model file), then read back that it is gone:
 # the service not active, its container gone, its port (the unit's io.tensorless.port label)
 # closed, its files removed; a container of the unit's name left after the stop is removed too.

@@ -1,5 +1,6 @@
 #!/bin/sh
 # needs: host.sh
+# needs: api.sh
 # needs: unit-lib.sh
 # Bring back the previous unit kept beside the current one, gated like a deploy (healthy, and on
 # the device its io.tensorless.device label names): the current unit becomes the kept one, so a
