@@ -43,6 +43,9 @@ tensorless-deploy serves on it, each with its default:
                                                           API's answers: loopback pages only;
                                                           "https://ui.example.net,..." names
                                                           others; "*" only with a key
+    tensorless_drain_timeout  60                          seconds a restart or stop waits for
+                                                          the instance's requests in flight
+                                                          (/slots idle); 0: none (--drain-timeout)
 
 A tensorless_* key not listed here is refused, naming the nearest one (a typo never leaves the
 default in place without a word).

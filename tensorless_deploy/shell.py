@@ -6,7 +6,8 @@ A script names its parameters at the top: ``: "${name:?}"`` (required) or ``: "$
 so no value is ever parsed as shell.
 
 A script that says ``# needs: NAME.sh`` (one line per file) gets that file's functions before
-it (``program``): a NAME.sh of its own package, or ``host.sh`` (tensorless_deploy/scripts), the
+it (``program``): a NAME.sh of its own package, or a base library of tensorless_deploy/scripts
+(``api.sh``: an instance's API read with its key; or ``host.sh``), ``host.sh`` being the
 functions every layer's scripts share with values the Python side uses too: the unit files'
 directories and name prefix, the time bound of a GET of a server, the sha256 of a file and the
 verification stamp. Those values are the constants below (and ``hub.STAMP_STAT``), bound into
@@ -35,6 +36,10 @@ SYSTEMD_DIR = "/etc/systemd/system"
 HEALTH_TIMEOUT_S = 5
 
 HOST_LIB = "host"
+# the base libraries, in tensorless_deploy/scripts: host.sh, and api.sh (a serving instance's API
+# read with its key: /metrics, /slots, the wait until it is idle)
+API_LIB = "api"
+BASE_LIBS = frozenset({HOST_LIB, API_LIB})
 _BASE = "tensorless_deploy"
 _DECLARATION = re.compile(r"^: (.*)$", re.MULTILINE)
 _PARAM = re.compile(r'"\$\{([a-z_][a-z0-9_]*)(:\?|=)\}"')
@@ -61,7 +66,7 @@ def host_values() -> dict[str, str | int]:
 def _needed(package: str, text: str, seen: list[tuple[str, str]]) -> None:
     """The libraries ``text`` needs, and theirs, each once, a library before what needs it."""
     for name in _NEEDS.findall(text):
-        where = _BASE if name == HOST_LIB else package
+        where = _BASE if name in BASE_LIBS else package
         if (where, name) not in seen:
             _needed(where, load(where, name), seen)
             seen.append((where, name))

@@ -38,6 +38,7 @@ VALUES: dict[str, object] = {
     "host_timeout": 30,
     "wait_lock": 5,
     "cors_origins": "https://ui.example.net",
+    "drain_timeout": 30,
 }
 
 

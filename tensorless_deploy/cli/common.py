@@ -95,6 +95,20 @@ def wait_lock_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def drain_timeout_flag(p: argparse.ArgumentParser) -> None:
+    """--drain-timeout: how long a change waits for a serving instance's requests in flight."""
+    from tensorless_deploy.decisions.options import DEFAULT_DRAIN_TIMEOUT_S
+
+    p.add_argument(
+        "--drain-timeout",
+        type=int,
+        metavar="SECONDS",
+        help="before an instance that serves is restarted or stopped, wait up to SECONDS for "
+        "its requests in flight to finish (its /slots idle), then go on and say so; 0: no "
+        f"wait (default: tensorless_drain_timeout, else {DEFAULT_DRAIN_TIMEOUT_S})",
+    )
+
+
 def dry_run_flag(p: argparse.ArgumentParser) -> None:
     """--dry-run on every command that changes something (--dry, its older spelling, too)."""
     p.add_argument(

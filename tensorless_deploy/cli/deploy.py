@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from tensorless_deploy.cli.bundle import deploy_source, from_bundle_flag
 from tensorless_deploy.cli.common import (
     FleetProgress,
+    drain_timeout_flag,
     dry_run_flag,
     flags_from,
     instances_flag,
@@ -106,7 +107,7 @@ def print_unit_diff(r: HostResult) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from tensorless_deploy.fleet.deploy import DeployRequest, deploy, roll
+    from tensorless_deploy.fleet.deploy import DeployRequest, deploy, door_of, roll
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
     from tensorless_deploy.fleet.status import serving_digests
     from tensorless_deploy.hub import token
@@ -115,7 +116,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     catalog.find(args.model)
     flags = flags_from(args)
     if args.serial is not None and args.serial < 1:
-        raise UsageError(f"--serial {args.serial}: must be 1 or more hosts at a time")
+        raise UsageError(f"--serial {args.serial}: must be 1 or more instances at a time")
     inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit or [])
     # the token is looked up only when a host (or this machine, to push) downloads the model
@@ -129,6 +130,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         token_source=None if args.dry_run else token,
         progress=progress if progress.tty else None,
         source=source,
+        door=None if args.dry_run else door_of(inventory, hosts),
     )
     try:
         if args.serial and not args.dry_run:
@@ -182,6 +184,7 @@ def register(command: Command) -> None:
     p.add_argument("model", metavar="MODEL", help="a repo id (any case) or a short name")
     dry_run_flag(p)
     wait_lock_flag(p)
+    drain_timeout_flag(p)
     p.add_argument(
         "--transfer",
         choices=("auto", "pull", "push"),
@@ -193,7 +196,9 @@ def register(command: Command) -> None:
         "--serial",
         type=int,
         metavar="N",
-        help="roll N hosts at a time; the first failure stops the roll",
+        help="roll at most N instances at a time: N hosts at once, each host's instances one "
+        "by one (the next only once the one before is healthy on its card again), so a host "
+        "with two cards keeps serving; the first failure stops the roll",
     )
     from_bundle_flag(p)
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")

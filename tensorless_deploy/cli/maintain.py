@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.common import (
     catalog_from,
+    drain_timeout_flag,
     flags_from,
     inventory_flags,
     recipes_flag,
@@ -74,7 +75,10 @@ def _print(r: MaintainResult, verbose: int) -> None:
         print(f"  driver: {rec.driver or 'unknown'} ({rec.flavour or 'module unknown'})")
         held = ", ".join(u.name for u in rec.units) or "none (no unit of this tool here)"
         print(f"  stopped and kept from starting: {held}")
-        drained = "; ".join(r.drained) or "nothing (no front door yet): the units stopped at once"
+        drained = (
+            "; ".join(r.drained)
+            or "nothing at a door (none fronts this host): each unit stopped once idle"
+        )
         print(f"  drained: {drained}")
         print(f"  now: {r.next}")
     if r.ending is not None:
@@ -138,6 +142,7 @@ def _bench(
 
 def cmd_maintain(args: argparse.Namespace) -> int:
     from tensorless_deploy.cli.bench import print_bench_result
+    from tensorless_deploy.fleet.deploy import door_of
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
     from tensorless_deploy.fleet.maintain import begin, end
 
@@ -153,10 +158,11 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     flags = flags_from(args)
     inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit)
+    door = door_of(inventory, hosts)
     if args.phase == "begin":
-        results = begin(inventory, hosts, flags)
+        results = begin(inventory, hosts, flags, door=door)
     else:
-        results = end(inventory, hosts, catalog, flags)
+        results = end(inventory, hosts, catalog, flags, door=door)
     benched: list[dict[str, Any]] = []
     bench_failed: list[str] = []
     if args.phase == "end" and args.runs > 0:
@@ -198,6 +204,7 @@ def register(command: Command) -> None:
     p.add_argument("phase", choices=("begin", "end"), help="open the window, or close it")
     inventory_flags(p)
     wait_lock_flag(p)
+    drain_timeout_flag(p)
     p.add_argument(
         "--runs",
         type=int,

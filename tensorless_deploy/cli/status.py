@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.cli.common import (
     catalog_from,
+    drain_timeout_flag,
     dry_run_flag,
     flags_from,
     hosts_flags,
@@ -153,24 +154,37 @@ def _report(args: argparse.Namespace, results: list[HostResult], what: str) -> i
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.deploy import door_of
     from tensorless_deploy.fleet.status import stop
 
     catalog = catalog_from(args)
     if args.purge:
         catalog.find(args.model)  # purging needs the recipe: which file to remove
     inventory, hosts = _hosts(args)
+    door = None if args.dry_run else door_of(inventory, hosts)
     results = stop(
-        inventory, hosts, catalog, args.model, args.purge, flags_from(args), dry=args.dry_run
+        inventory,
+        hosts,
+        catalog,
+        args.model,
+        args.purge,
+        flags_from(args),
+        dry=args.dry_run,
+        door=door,
     )
     return _report(args, results, "stop")
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from tensorless_deploy.fleet.deploy import door_of
     from tensorless_deploy.fleet.status import rollback
 
     catalog = catalog_from(args)
     inventory, hosts = _hosts(args)
-    results = rollback(inventory, hosts, catalog, args.model, flags_from(args), dry=args.dry_run)
+    door = None if args.dry_run else door_of(inventory, hosts)
+    results = rollback(
+        inventory, hosts, catalog, args.model, flags_from(args), dry=args.dry_run, door=door
+    )
     return _report(args, results, "rollback")
 
 
@@ -356,6 +370,7 @@ def register(command: Command) -> None:
     p.add_argument("--purge", action="store_true", help="also remove the model file")
     dry_run_flag(p)
     wait_lock_flag(p)
+    drain_timeout_flag(p)
     recipes_flag(p)
     p = command(
         "rollback",
@@ -366,6 +381,7 @@ def register(command: Command) -> None:
     _model_hosts(p)
     dry_run_flag(p)
     wait_lock_flag(p)
+    drain_timeout_flag(p)
     recipes_flag(p)
     p = command(
         "prune",

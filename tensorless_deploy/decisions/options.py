@@ -55,6 +55,11 @@ DEFAULT_HOST_TIMEOUT_S = 60
 HOST_TIMEOUT_MAX_S = 86400
 # Seconds a command waits for another run's lock on a host before refusing: 0, refuse at once
 DEFAULT_LOCK_WAIT_S = 0
+# Seconds a restart, rollback, stop or maintenance window waits for a serving instance's
+# requests in flight to finish (llama-server's /slots idle) before it goes on regardless, and
+# says so in the report; 0: no wait
+DEFAULT_DRAIN_TIMEOUT_S = 60
+DRAIN_TIMEOUT_MAX_S = 3600
 # A secret file the controller reads (an API key, a TLS certificate or key): small, text.
 SECRET_MAX_BYTES = 64 * 1024
 API_KEY_MIN_CHARS = 16
@@ -208,6 +213,12 @@ def _wait_lock(v: object) -> str | None:
     return f"must be a number of seconds, 0-{HOST_TIMEOUT_MAX_S} (0: refuse at once)"
 
 
+def _drain_timeout(v: object) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= DRAIN_TIMEOUT_MAX_S:
+        return None
+    return f"must be a number of seconds, 0-{DRAIN_TIMEOUT_MAX_S} (0: no wait)"
+
+
 def read_secret_file(path: str, what: str) -> str:
     """The text of a secret file on this machine (the controller), as it will be installed: a
     UnicodeError or OSError becomes ValueError with one line saying why. Never logged."""
@@ -357,6 +368,10 @@ class Options:
     cors_origins: str = setting(
         CORS_LOOPBACK, "tensorless_cors_origins", "--cors-origins", _cors_origins, access=True
     )
+    # how long a change waits for a serving instance to finish its requests in flight
+    drain_timeout: int = setting(
+        DEFAULT_DRAIN_TIMEOUT_S, "tensorless_drain_timeout", "--drain-timeout", _drain_timeout
+    )
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     local: bool = False  # this machine: `run` needs no systemd
@@ -396,6 +411,7 @@ DATA_METRICS = _data_key("metrics")
 DATA_CORS_ORIGINS = _data_key("cors_origins")
 DATA_PIDS_LIMIT = _data_key("pids_limit")
 DATA_HOST_TIMEOUT = _data_key("host_timeout")
+DATA_DRAIN_TIMEOUT = _data_key("drain_timeout")
 DATA_KEYS: tuple[str, ...] = (
     *(s.data_key for s in SETTINGS if s.data_key is not None),
     DATA_GPUS,
@@ -426,6 +442,7 @@ class Flags:
     host_timeout: int | None = None
     wait_lock: int | None = None
     cors_origins: str | None = None
+    drain_timeout: int | None = None
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)

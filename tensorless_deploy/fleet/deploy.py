@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 from tensorless_deploy.decisions.device import CPU_DEVICE, DeviceVerdict, device_verdict
 from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.device import parse_device_log
-from tensorless_deploy.facts.values import LABEL_DEVICE, LABEL_RECIPE_DIGEST, HostFacts
+from tensorless_deploy.facts.values import (
+    LABEL_DEVICE,
+    LABEL_PORT,
+    LABEL_RECIPE_DIGEST,
+    DeployedUnit,
+    HostFacts,
+)
 from tensorless_deploy.fleet.connect import (
     Refused,
     Unreachable,
@@ -50,6 +56,7 @@ from tensorless_deploy.recipe.catalog import Catalog
 
 if TYPE_CHECKING:
     from tensorless_deploy.fleet.push import Progress, Source
+    from tensorless_deploy.operations.deploy import Door
 
 TokenSource = Callable[[], "str | None"]
 
@@ -69,6 +76,42 @@ class DeployRequest:
     progress: Progress | None = None
     # the bytes to push from (a verified offline bundle) instead of the Hub and the registry
     source: Source | None = None
+    # the front door before the instances (door_of): each instance that changes is taken out
+    # of it before its restart and put back once healthy and on its card
+    door: Door | None = None
+
+
+def door_of(inventory: Any, hosts: Sequence[Any]) -> Door | None:
+    """The front door that fronts these hosts' instances, where the inventory has one; None:
+    no door (deploy still waits for each instance's /slots idle before its restart). The
+    finder plugs in here."""
+    del inventory, hosts
+    return None
+
+
+def unit_port(unit: DeployedUnit) -> int | None:
+    """The port a unit serves on, as its labels say (the door knows an instance by it)."""
+    labels = unit.container_labels or unit.unit_labels
+    text = labels.get(LABEL_PORT, "")
+    return int(text) if text.isdigit() else None
+
+
+def take_out_units(
+    door: Door | None, host: str, units: Sequence[DeployedUnit], timeout_s: float
+) -> tuple[str, ...]:
+    """Each of a host's units that are about to stop taken out of the door, one line each on
+    what it answered (nothing without a door): for stop and maintain begin, where every unit
+    of the host goes and none comes back in this run."""
+    if door is None:
+        return ()
+    out = []
+    for u in units:
+        port = unit_port(u)
+        if port is None:
+            out.append(f"{u.name}: carries no {LABEL_PORT} label: not taken out of the door")
+            continue
+        out.append(f"{u.name} ({port}): {door.take_out(host, port, timeout_s) or 'taken out'}")
+    return tuple(out)
 
 
 class _Token:
@@ -444,6 +487,7 @@ class _Run:
     transfers: dict[str, str] = field(default_factory=dict)  # the report's words for it
     metas: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> step -> meta
     took: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, op hash) -> s
+    said: dict[str, list[str]] = field(default_factory=dict)  # host -> the door's answers
 
 
 def deploy(
@@ -577,6 +621,8 @@ def _apply(run: _Run) -> None:
                 archive=archive,
                 steps=run.metas,
                 owner=held.pid if held is not None else None,
+                door=run.request.door,
+                said=run.said,
                 host=run.by_name[name],
             )
         )
@@ -595,6 +641,8 @@ def _report(run: _Run) -> None:
     for name, plan in run.plans.items():
         seconds = seconds_of(run.took, name)
         steps = _step_results(run.metas.get(name, {}), dry, seconds)
+        if run.said.get(name):  # what the door did, instance by instance
+            steps += (StepResult("door", "changed", tuple(run.said[name])),)
         result = _result(plan, steps, dry, run.transfers.get(name))
         gone = lost(run.state, name)
         if gone is not None:
@@ -610,9 +658,12 @@ def _report(run: _Run) -> None:
 def roll(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, request: DeployRequest, serial: int
 ) -> list[HostResult]:
-    """deploy --serial N: N hosts at a time, the next batch only once this one is healthy; the
-    first host that fails (restored to its previous unit by deploy itself) stops the roll, and
-    the hosts after it are left untouched."""
+    """deploy --serial N: at most N instances change at once. Hosts go N at a time, and within
+    a host its instances go one by one (serve_plan: each restarted only once the one before is
+    healthy and on its card again, after its requests in flight finished), so a host with two
+    cards keeps serving through its own upgrade; the next batch starts only once this one is
+    healthy. The first host that fails (restored to its previous unit by deploy itself) stops
+    the roll, and the hosts after it are left untouched."""
     results: list[HostResult] = []
     stopped_by: str | None = None
     for start in range(0, len(hosts), serial):

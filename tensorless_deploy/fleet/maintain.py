@@ -15,7 +15,7 @@ import getpass
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.decisions.cards import branch_of
 from tensorless_deploy.decisions.checks import Check
@@ -23,9 +23,10 @@ from tensorless_deploy.decisions.options import Flags
 from tensorless_deploy.facts.maintain import MAINTENANCE_RECORD
 from tensorless_deploy.facts.values import DeployedUnit, HostFacts, MaintenanceRecord
 from tensorless_deploy.fleet.connect import disconnect, new_state, on_each_host, survey_and_size
+from tensorless_deploy.fleet.deploy import take_out_units, unit_port
 from tensorless_deploy.fleet.inventory import options_for
 from tensorless_deploy.fleet.runner import HostResult, Step, StepResult, apply_steps
-from tensorless_deploy.fleet.status import start_timeout
+from tensorless_deploy.fleet.status import drain_args, start_timeout
 from tensorless_deploy.hostplan.doctor import host_report
 from tensorless_deploy.hostplan.maintain import (
     Ending,
@@ -37,6 +38,9 @@ from tensorless_deploy.hostplan.maintain import (
 )
 from tensorless_deploy.hostplan.plan import SurveyedHost
 from tensorless_deploy.recipe.catalog import Catalog, Entry
+
+if TYPE_CHECKING:
+    from tensorless_deploy.operations.deploy import Door
 
 NOT_OPEN = "not in a maintenance window (nothing to end): tensorless-deploy maintain begin first"
 
@@ -61,12 +65,14 @@ class MaintainResult:
         return self.outcome in ("begun", "already open", "ended")
 
 
-def drain(host: str, units: Sequence[DeployedUnit]) -> tuple[str, ...]:
+def drain(
+    host: str, units: Sequence[DeployedUnit], door: Door | None = None, timeout_s: float = 0
+) -> tuple[str, ...]:
     """The hook where a front door takes HOST's units out of rotation before they stop, and
-    says what it did. There is no front door yet (a later issue): nothing is drained, the units
-    stop at once and their callers see the connection refused."""
-    del host, units
-    return ()
+    says what it did, a line per unit (fleet.deploy.take_out_units). Without a door nothing is
+    drained at the door: each unit's hold still waits for its requests in flight (its /slots
+    idle, bounded by the host's drain_timeout), then it stops."""
+    return take_out_units(door, host, units, timeout_s)
 
 
 def operator() -> str:
@@ -101,7 +107,11 @@ def _steps(result: Any) -> tuple[StepResult, ...]:
 
 
 def begin(
-    inventory: Any, hosts: Sequence[Any], flags: Flags, by: str | None = None
+    inventory: Any,
+    hosts: Sequence[Any],
+    flags: Flags,
+    by: str | None = None,
+    door: Door | None = None,
 ) -> list[MaintainResult]:
     """Open a window on every host: record what it serves and which driver it runs, drain
     (the hook), stop and hold its units. A host already in a window keeps its record (the
@@ -122,9 +132,18 @@ def begin(
         fresh = facts.maintenance is None
         record = facts.maintenance or new_record(facts, units, _now(), by)
         todo = [Step("record", ops.record, {"text": record_text(record)})] if fresh else []
-        drained = drain(h.name, units)
+        drained = drain(h.name, units, door, options_for(h, flags).drain_timeout)
         todo += [
-            Step(f"hold {u.name}", ops.held, {"service": f"{u.name}.service", "active": u.active})
+            Step(
+                f"hold {u.name}",
+                ops.held,
+                {
+                    "service": f"{u.name}.service",
+                    "active": u.active,
+                    "path": u.path,
+                    **drain_args(u, options_for(h, flags)),
+                },
+            )
             for u in units
         ]
         steps[h.name] = todo
@@ -168,11 +187,16 @@ def _models(record: MaintenanceRecord, catalog: Catalog) -> tuple[list[str], lis
 
 
 def end(
-    inventory: Any, hosts: Sequence[Any], catalog: Catalog, flags: Flags
+    inventory: Any,
+    hosts: Sequence[Any],
+    catalog: Catalog,
+    flags: Flags,
+    door: Door | None = None,
 ) -> list[MaintainResult]:
     """Close the window on every host: the CDI spec for the driver loaded now, doctor (the
     readiness checks, and the plan of every held unit's model), then, only where doctor passes,
-    the units started again health-gated and the record removed."""
+    the units started again health-gated and the record removed; with a door, the units that
+    serve again are put back in it."""
     out: dict[str, MaintainResult] = {}
     ends = _end_cdi(inventory, hosts, flags, out)
     live = [h for h in hosts if h.name in ends]
@@ -186,7 +210,19 @@ def end(
             disconnect(hosts)
         for h in ready:
             out[h.name] = ends[h.name].result(done[h.name])
+            if out[h.name].ok:
+                _put_back(door, ends[h.name], out[h.name].started)
     return [out[h.name] for h in hosts]
+
+
+def _put_back(door: Door | None, e: _End, started: Sequence[str]) -> None:
+    """The units that serve again after the window put back in the door."""
+    if door is None:
+        return
+    for u in e.units:
+        port = unit_port(u)
+        if u.name in started and port is not None:
+            door.put_back(e.host, port)
 
 
 @dataclass

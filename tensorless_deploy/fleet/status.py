@@ -39,7 +39,7 @@ from tensorless_deploy.fleet.connect import (
     require_root,
 )
 from tensorless_deploy.fleet.inventory import options_for
-from tensorless_deploy.fleet.runner import HostResult
+from tensorless_deploy.fleet.runner import HostResult, Step, StepResult
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host
 from tensorless_deploy.hostplan.status import (
     UnitStatus,
@@ -52,6 +52,7 @@ from tensorless_deploy.hostplan.targets import Job, Skipped
 from tensorless_deploy.launch.spec import (
     LABEL_TLS,
     SECRETS_DIR,
+    api_key_path,
     secrets_dir,
     unit_model_slug,
 )
@@ -60,6 +61,7 @@ from tensorless_deploy.shell import QUADLET_DIR, SYSTEMD_DIR
 
 if TYPE_CHECKING:
     from tensorless_deploy.local.bench import Connect
+    from tensorless_deploy.operations.deploy import Door
 
 
 @dataclass(frozen=True)
@@ -368,10 +370,13 @@ def stop(
     flags: Flags | None = None,
     *,
     dry: bool = False,
+    door: Door | None = None,
 ) -> list[HostResult]:
     """Stop and remove the model's units on every host (every card's, every instance's): found
     on the host by their model label, so a unit whose recipe left the catalog goes too; with
-    purge, the model files of the catalog's recipes for it as well."""
+    purge, the model files of the catalog's recipes for it as well. With a door, each unit is
+    taken out of it first (the answers in the host's "door" step)."""
+    from tensorless_deploy.fleet.deploy import take_out_units
     from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.unit import removed
 
@@ -381,15 +386,23 @@ def stop(
     found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
     steps: dict[str, list[Step]] = {}
+    said: dict[str, tuple[str, ...]] = {}
     for h in live:
         units = found[h.name]
         assert not isinstance(units, str)
         mine = model_units(units, entries, model)
+        if not dry and mine:
+            said[h.name] = take_out_units(door, h.name, mine, options[h.name].drain_timeout)
         todo = [
             Step(
                 f"remove {u.name}",
                 removed,
-                dict(service=u.name, paths=unit_paths(u.name), secrets=secrets_dir(u.name)),
+                dict(
+                    service=u.name,
+                    paths=unit_paths(u.name),
+                    secrets=secrets_dir(u.name),
+                    **drain_args(u, options[h.name]),
+                ),
                 preview=()
                 if purge or (f := model_file(u)) is None
                 else (f"would keep the model file {f} (--purge removes it)",),
@@ -426,7 +439,9 @@ def stop(
     # stop's: everything there is as it was, and the line says so rather than leave it guessed
     untouched = "nothing stopped or removed"
     out = [
-        done[h.name] if h.name in done else not_read(h.name, found[h.name], untouched)
+        with_door(done[h.name], said.get(h.name, ()))
+        if h.name in done
+        else not_read(h.name, found[h.name], untouched)
         for h in hosts
     ]
     # asked to stop, refused (access.root): the model still serves there, which is a failure
@@ -443,17 +458,22 @@ def rollback(
     flags: Flags | None = None,
     *,
     dry: bool = False,
+    door: Door | None = None,
 ) -> list[HostResult]:
     """Bring back, on every host, the previous unit kept for each of the model's units,
-    health-gated; a unit with no previous one kept fails that host (nothing to go back to)."""
+    health-gated; a unit with no previous one kept fails that host (nothing to go back to).
+    With a door, each unit is taken out of it before its swap and put back once the one it
+    swapped to is healthy and on its card (the answers in the host's "door" step)."""
     from tensorless_deploy.fleet.runner import Step, apply_steps
     from tensorless_deploy.operations.unit import rolled_back
 
     entries = catalog.find_or_none(model)
     state = new_state(inventory, flags, lock=None if dry else f"rollback {model}")
+    options = {h.name: options_for(h, flags or Flags()) for h in hosts}
     found = read_units(state, hosts)
     live = [h for h in hosts if not isinstance(found[h.name], str)]
     steps: dict[str, list[Step]] = {}
+    said: dict[str, list[str]] = {}
     refused: dict[str, HostResult] = {}
     for h in live:
         units = found[h.name]
@@ -468,15 +488,19 @@ def rollback(
             )
             refused[h.name] = HostResult(h.name, "failed", why)
             continue
-        steps[h.name] = [
-            Step(
+        steps[h.name] = []
+        for u in mine:
+            rolled = Step(
                 f"rollback {u.name}",
                 rolled_back,
-                dict(path=u.path, timeout_s=start_timeout(u.previous_text)),
+                dict(
+                    path=u.path,
+                    timeout_s=start_timeout(u.previous_text),
+                    **drain_args(u, options[h.name]),
+                ),
                 preview=rollback_preview(u),
             )
-            for u in mine
-        ]
+            steps[h.name] += door_around(door, h.name, u, options[h.name], rolled, said)
     try:
         ready = [h for h in live if h.name in steps]
         done = apply_steps(state, ready, steps, dry=dry)
@@ -487,10 +511,59 @@ def rollback(
         if h.name in refused:
             out.append(refused[h.name])
         elif h.name in done:
-            out.append(done[h.name])
+            out.append(with_door(done[h.name], tuple(said.get(h.name, ()))))
         else:
             out.append(not_read(h.name, found[h.name]))
     return out
+
+
+def drain_args(unit: DeployedUnit, options: Options) -> dict[str, Any]:
+    """What an operation that stops or restarts a serving unit needs for its wait until the
+    unit is idle (operations.unit's idle_s and key): the host's drain timeout, and where the
+    unit's API key file is on the host (sent where it exists)."""
+    return {"idle_s": options.drain_timeout, "key": api_key_path(unit.name)}
+
+
+def door_around(
+    door: Door | None,
+    host: str,
+    unit: DeployedUnit,
+    options: Options,
+    step: Step,
+    said: dict[str, list[str]],
+) -> list[Step]:
+    """step (a unit's swap) between the door's take_out and put_back of the unit, each a
+    pyinfra python.call run in its turn on the host's schedule, its answer kept in said; the
+    step alone without a door (or a port to name the unit by)."""
+    from pyinfra.operations import python
+
+    from tensorless_deploy.fleet.deploy import unit_port
+    from tensorless_deploy.fleet.runner import Step
+
+    port = unit_port(unit)
+    if door is None or port is None:
+        return [step]
+    lines = said.setdefault(host, [])
+
+    def take_out() -> None:
+        why = door.take_out(host, port, float(options.drain_timeout))
+        lines.append(f"{unit.name} ({port}): {why or 'taken out'}")
+
+    def put_back() -> None:
+        lines.append(f"{unit.name} ({port}): {door.put_back(host, port) or 'put back'}")
+
+    return [
+        Step(f"door: take out {unit.name}", python.call, {"function": take_out}),
+        step,
+        Step(f"door: put back {unit.name}", python.call, {"function": put_back}),
+    ]
+
+
+def with_door(result: HostResult, said: Sequence[str]) -> HostResult:
+    """A host's result with what the door answered, as its "door" step (none: as it was)."""
+    if not said:
+        return result
+    return replace(result, steps=(*result.steps, StepResult("door", "changed", tuple(said))))
 
 
 def not_read(host: str, error: object, what: str | None = None) -> HostResult:

@@ -122,6 +122,11 @@ def secrets_dir(name: str, root: str = SECRETS_DIR) -> str:
     return posixpath.join(root, name)
 
 
+def api_key_path(name: str) -> str:
+    """Where the host keeps one unit's API key (what a read of its /slots or /metrics sends)."""
+    return posixpath.join(secrets_dir(name), API_KEY_NAME)
+
+
 @dataclass(frozen=True)
 class Secret:
     """One operator file llama-server reads: its name, where the host keeps it (installed by

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import host
+from pyinfra.operations import python
 from pyinfra.operations.util import any_changed
 
 from tensorless_deploy.decisions.options import DATA_PREFIX, Flags, resolve
@@ -23,7 +24,7 @@ from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.facts.pyinfra import HostSurvey
 from tensorless_deploy.gguf.sizing import read_sizings
 from tensorless_deploy.hostplan.plan import HostPlan, plan_host, secret_sources
-from tensorless_deploy.launch.spec import secrets_dir
+from tensorless_deploy.launch.spec import api_key_path, secrets_dir
 from tensorless_deploy.operations.image import image
 from tensorless_deploy.operations.model import model as model_file
 from tensorless_deploy.operations.secrets import secrets, secrets_absent
@@ -31,6 +32,33 @@ from tensorless_deploy.operations.unit import removed, serving, unit
 from tensorless_deploy.recipe.catalog import load_catalog
 
 Steps = MutableMapping[str, dict[str, Any]]  # host -> step name -> OperationMeta
+Said = MutableMapping[str, list[str]]  # host -> what the door answered, in order
+
+
+class Door(Protocol):
+    """A front door before the instances (a load balancer): each instance that is about to
+    change is taken out of it first, and put back once it is healthy and on its card again.
+    Each call answers None (done: take_out drained it) or a line saying what it could not do;
+    the change goes on either way (the instance's own /slots idle wait still comes first)."""
+
+    def take_out(self, host_name: str, port: int, timeout_s: float) -> str | None: ...
+
+    def put_back(self, host_name: str, port: int) -> str | None: ...
+
+
+def _door_call(
+    door: Door, said: Said, host_name: str, port: int, timeout_s: float | None
+) -> Callable[[], None]:
+    """One of the door's calls as a pyinfra python.call function, its answer kept in said."""
+
+    def call() -> None:
+        if timeout_s is None:
+            why, what = door.put_back(host_name, port), "put back"
+        else:
+            why, what = door.take_out(host_name, port, timeout_s), "taken out"
+        said.setdefault(host_name, []).append(f"{port}: {why or what}")
+
+    return call
 
 
 def _step(name: str, instance: int, count: int) -> str:
@@ -49,6 +77,8 @@ def serve_plan(
     archive: str | None = None,
     steps: Steps | None = None,
     owner: int | None = None,
+    door: Door | None = None,
+    said: Said | None = None,
 ) -> None:
     """
     Apply a host plan that passed its checks (the tool's own fleet runner calls this).
@@ -59,6 +89,13 @@ def serve_plan(
     + archive: with push, the engine image's OCI archive already on the host
     + steps: each step's OperationMeta lands in ``steps[host][step]`` for the caller's report
     + owner: the pid on the host of the run's lock holder: a download stops once it is gone
+    + door: a front door: an instance that changes is taken out of it before its restart and
+      put back once healthy and on its card (its answers land in ``said[host]``)
+    + said: where the door's answers go
+
+    Each instance that changes is restarted only once the one before it is healthy and on its
+    card again (pyinfra runs a host's operations in order), after its requests in flight
+    finished (``/slots`` idle, bounded by the host's ``drain_timeout``).
     """
     if not plan.ok or plan.paths is None or plan.recipe is None or plan.engine_bin is None:
         raise OperationError(f"{plan.host}: {plan.why()}")
@@ -86,6 +123,7 @@ def serve_plan(
         owner=owner,
     )
     count = len(plan.instances)
+    answers: Said = said if said is not None else {}
     for inst in plan.instances:
         assert inst.unit is not None  # a serving plan renders its units
         path = inst.unit.path
@@ -108,15 +146,30 @@ def serve_plan(
         )
         metas[_step("unit", inst.ordinal, count)] = written
         changes.append(written)
+        drain = plan.options.drain_timeout
+        if door is not None:
+            python.call(
+                name=f"take {inst.name} out of the door",
+                function=_door_call(door, answers, plan.host, inst.spec.port, float(drain)),
+                _if=any_changed(*changes),
+            )
         # a new key (or certificate) restarts the instance even when the unit text is the same
-        metas[_step("restart", inst.ordinal, count)] = serving(
+        metas[_step("restart", inst.ordinal, count)] = restarted = serving(
             name=f"restart {inst.name} and /health",
             path=path,
             health_url=inst.spec.health_url,
             timeout_s=inst.spec.start_timeout_s,
             restart=True,
+            idle_s=drain,
+            key=api_key_path(inst.name),  # sent where the file exists
             _if=any_changed(*changes),
         )
+        if door is not None:
+            python.call(
+                name=f"put {inst.name} back in the door",
+                function=_door_call(door, answers, plan.host, inst.spec.port, None),
+                _if=restarted.did_change,
+            )
         metas[_step("serving", inst.ordinal, count)] = serving(
             name=f"{inst.name} running and /health",
             path=path,

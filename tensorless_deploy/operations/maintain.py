@@ -70,7 +70,13 @@ def record_removed(path: str = MAINTENANCE_RECORD) -> Commands:
 
 
 @operation()
-def held(service: str, active: str) -> Commands:
+def held(
+    service: str,
+    active: str,
+    path: str | None = None,
+    idle_s: int | None = None,
+    key: str | None = None,
+) -> Commands:
     """
     Keep a unit from starting while the maintenance window is open, and stop it.
 
@@ -80,6 +86,9 @@ def held(service: str, active: str) -> Commands:
 
     + service: ``NAME.service``
     + active: the service's ActiveState as read (``active``: it is stopped)
+    + path: the unit file (where its ``/health`` label says it serves)
+    + idle_s: before the stop, wait up to this many seconds for its requests in flight
+    + key: the unit's API key file on the host, sent with the read of ``/slots``
 
     **Example:**
 
@@ -93,7 +102,10 @@ def held(service: str, active: str) -> Commands:
     if host.get_fact(FileSha256, path=dropin) == _sha256(HOLD_TEXT) and active not in RUNNING:
         host.noop(f"{service} stopped and held")
         return
-    yield script("maintain-hold", svc=service, dropin=dropin, text=HOLD_TEXT)
+    drain: dict[str, str | int] = {}
+    if path and idle_s:
+        drain = {"path": path, "idle": idle_s, **({"key": key} if key else {})}
+    yield script("maintain-hold", svc=service, dropin=dropin, text=HOLD_TEXT, **drain)
 
 
 @operation()

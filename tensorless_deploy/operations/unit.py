@@ -71,8 +71,23 @@ def unit(
     yield script("unit-install", path=path, new=new, sha=want, **owner)
 
 
+def _drain(idle_s: int | None, key: str | None) -> dict[str, str | int]:
+    """The unit scripts' drain parameters: wait up to idle_s for the requests in flight (their
+    /slots read with the key file at key, where the unit has one); none: no wait."""
+    if not idle_s:
+        return {}
+    return {"idle": idle_s, **({"key": key} if key else {})}
+
+
 @operation()
-def serving(path: str, health_url: str, timeout_s: int, restart: bool = False) -> Commands:
+def serving(
+    path: str,
+    health_url: str,
+    timeout_s: int,
+    restart: bool = False,
+    idle_s: int | None = None,
+    key: str | None = None,
+) -> Commands:
     """
     Make a unit's service run, answer ``/health`` and serve on its device, restarting on ask.
 
@@ -90,6 +105,10 @@ def serving(path: str, health_url: str, timeout_s: int, restart: bool = False) -
     + health_url: the server's ``/health`` as seen on the host
     + timeout_s: how long the start and the model's load may take, in seconds
     + restart: restart even when it is healthy now
+    + idle_s: before a restart, wait up to this many seconds for the serving instance's
+      requests in flight to finish (its ``/slots`` idle), then restart regardless and say so
+      ("restarted with N requests in flight after Ts"); None or 0: no wait
+    + key: the unit's API key file on the host, sent with the read of ``/slots``
 
     **Example:**
 
@@ -129,6 +148,7 @@ def serving(path: str, health_url: str, timeout_s: int, restart: bool = False) -
         kind=_kind(path),
         verb="restart" if restart else "start",
         device_re=DEVICE_LINE,
+        **(_drain(idle_s, key) if restart else {}),
     )
 
 
@@ -142,6 +162,8 @@ def removed(
     filename: str | None = None,
     sha256: str | None = None,
     secrets: str | None = None,
+    idle_s: int | None = None,
+    key: str | None = None,
 ) -> Commands:
     """
     Stop a unit and remove its file, and with the model's coordinates its model file too.
@@ -162,6 +184,8 @@ def removed(
     + filename: the model file's path in the repository
     + sha256: the model file's sha256 (its blob's name)
     + secrets: the unit's secrets directory (its API key, TLS files), removed with it
+    + idle_s: before the stop, wait up to this many seconds for its requests in flight
+    + key: the unit's API key file on the host, sent with the read of ``/slots``
 
     **Example:**
 
@@ -219,13 +243,16 @@ def removed(
             kind=_kind(path),
             purge="yes" if model else "no",
             **purge,
+            **_drain(idle_s, key),
         )
     if kept:
         yield script("secret-remove", dir=kept)
 
 
 @operation()
-def rolled_back(path: str, timeout_s: int) -> Commands:
+def rolled_back(
+    path: str, timeout_s: int, idle_s: int | None = None, key: str | None = None
+) -> Commands:
     """
     Bring back the previous unit kept beside the current one, gated like a deploy.
 
@@ -237,6 +264,8 @@ def rolled_back(path: str, timeout_s: int) -> Commands:
 
     + path: the unit file (its service is NAME.service)
     + timeout_s: how long the start and the load may take
+    + idle_s: before the swap, wait up to this many seconds for its requests in flight
+    + key: the unit's API key file on the host, sent with the read of ``/slots``
 
     **Example:**
 
@@ -257,4 +286,5 @@ def rolled_back(path: str, timeout_s: int) -> Commands:
         kind=_kind(path),
         timeout=timeout_s,
         device_re=DEVICE_LINE,
+        **_drain(idle_s, key),
     )

@@ -1,5 +1,6 @@
 # shellcheck shell=sh
 # needs: host.sh
+# needs: api.sh
 # shellcheck disable=SC2154  # td_*: host.sh's parameters, bound before
 # The one reader of the unit files tensorless-deploy wrote on this host (read by
 # facts.parsers.read_unit_blocks): `read_units` prints a block per unit, for the survey
@@ -58,11 +59,6 @@ inspect_container() {  # only the fields status needs: labels, image reference, 
 }
 
 read_metrics() {  # read_metrics HEALTH_URL KEY_FILE: the llamacpp: samples of /metrics beside it
-  if [ -r "$2" ]; then
-    body=$({ printf 'Authorization: Bearer '; cat "$2"; } |
-      curl -s -k --max-time "$td_http_max_time" -H @- -w '\n@@metrics %{http_code}' "${1%/health}/metrics" 2>/dev/null)
-  else
-    body=$(curl -s -k --max-time "$td_http_max_time" -w '\n@@metrics %{http_code}' "${1%/health}/metrics" 2>/dev/null)
-  fi
-  printf '%s\n' "$body" | sed -n -e 's/^llamacpp:\([a-z_]*\) \([-+.0-9eE]*\)$/@@metric \1 \2/p' -e '/^@@metrics [0-9]*$/p'
+  api_get "${1%/health}/metrics" "$2" |
+    sed -n -e 's/^llamacpp:\([a-z_]*\) \([-+.0-9eE]*\)$/@@metric \1 \2/p' -e 's/^@@http \([0-9]*\)$/@@metrics \1/p'
 }

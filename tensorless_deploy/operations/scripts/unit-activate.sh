@@ -1,11 +1,16 @@
 #!/bin/sh
 # needs: host.sh
+# needs: api.sh
 # needs: unit-lib.sh
 # (Re)start a unit, wait for /health 200, then read its start log: the instance must say it runs
 # where its unit's io.tensorless.device label says (on_card, unit-lib.sh). A new unit that fails either
 # way gives way to the previous one. A failure says how long it really took and shows the journal
 # of this start ("  | " lines; the controller puts its first error line first, fleet.journal).
 : "${svc:?}" "${url:?}" "${timeout:?}" "${path:?}" "${kind:?}" "${verb:?}" "${device_re:?}"
+# idle: before a restart, wait up to this many seconds for the serving instance's requests in
+# flight to finish (wait_idle, host.sh; its /slots and /metrics read with key, the unit's API
+# key file); empty: no wait
+: "${idle=}" "${key=}"
 poll() {  # until /health answers 200, the unit fails, or the deadline passes
   deadline=$(( $(date +%s) + $1 ))
   while :; do
@@ -46,6 +51,13 @@ systemctl daemon-reload
 # a crash loop that hit a start limit (units of older versions) leaves the unit failed
 systemctl reset-failed "$svc" 2>/dev/null || true
 want=$(device_label "$path")
+if [ "$verb" = restart ] && [ -n "$idle" ]; then
+  # the instance serving now is the previous unit's, on its own address
+  was=$url
+  [ -f "$path.tensorless-prev" ] && was=$(health_url "$path.tensorless-prev")
+  wait_idle "${was:-$url}" "$key" "$idle" restarted
+  t0=$(date +%s)
+fi
 # Blocking: the old instance is gone before the first poll (with Notify=healthy, the start
 # job itself waits for the container's health check, which hurry runs in time).
 hurrying=

@@ -1,4 +1,6 @@
 #!/bin/sh
+# needs: host.sh
+# needs: api.sh
 # Stop and remove a unit (and with purge=yes its model file), then read back that it is gone:
 # the service not active, its container gone, its port (the unit's io.tensorless.port label)
 # closed, its files removed; a container of the unit's name left after the stop is removed too.
@@ -6,6 +8,8 @@
 # its file (it still runs from it). Nothing there is not an error.
 : "${path:?}" "${svc:?}" "${kind:?}" "${purge:?}"
 : "${blob=}" "${partial=}" "${stamp=}" "${snapshot=}" "${repo_dir=}"
+# idle, key: wait up to idle seconds for the instance's requests in flight first (wait_idle)
+: "${idle=}" "${key=}"
 name=${svc%.service}
 left=""
 leave() { left="${left:+$left; }$1"; }
@@ -30,6 +34,9 @@ unit_left() {  # what of the unit is still there, read back from systemd, the en
 }
 if [ -f "$path" ]; then
   port=$(grep -o 'io\.tensorless\.port=[0-9]*' "$path" | head -n 1 | cut -d= -f2)
+  if [ -n "$idle" ] && [ "$(systemctl is-active "$svc" 2>/dev/null)" = active ]; then
+    wait_idle "$(health_url "$path")" "$key" "$idle" stopped
+  fi
   if out=$(timeout 60 systemctl stop "$svc" 2>&1); then
     [ "$kind" = service ] && systemctl disable -q "$svc" 2>/dev/null
     out=$(rm -f "$path" "$path.tensorless-prev" "$path.tensorless-sha" \

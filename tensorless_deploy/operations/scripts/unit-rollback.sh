@@ -1,11 +1,14 @@
 #!/bin/sh
 # needs: host.sh
+# needs: api.sh
 # needs: unit-lib.sh
 # Bring back the previous unit kept beside the current one, gated like a deploy (healthy, and on
 # the device its io.tensorless.device label names): the current unit becomes the kept one, so a
 # second rollback returns to it. When the previous unit does not pass, the current one is put back
 # and restarted.
 : "${path:?}" "${svc:?}" "${kind:?}" "${timeout:?}" "${device_re:?}"
+# idle, key: wait up to idle seconds for the current instance's requests in flight first
+: "${idle=}" "${key=}"
 prev="$path.tensorless-prev"
 if [ ! -f "$prev" ]; then
   echo "no previous unit is kept for $svc: nothing to roll back to" >&2
@@ -29,6 +32,7 @@ healthy() {
   done
   return 1
 }
+[ -z "$idle" ] || wait_idle "$(health_url "$path")" "$key" "$idle" "rolled back"
 t0=$(date +%s)
 swap
 systemctl daemon-reload
