@@ -9,6 +9,8 @@ door marking it down, and the requests that failed meanwhile.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -175,9 +177,6 @@ print(json.dumps([door.host.name if door else None, out]))
 
 def _door(fleet: Fleet, backend: str, *calls: list[Any]) -> tuple[str | None, list[Any]]:
     """door_of(backend) and calls on it ([method, args...]), as deploy makes them."""
-    import subprocess
-    import sys
-
     proc = subprocess.run(
         [sys.executable, "-c", DOOR_CALLS, str(fleet.inventory), backend, json.dumps(calls)],
         capture_output=True,
@@ -263,6 +262,37 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
         timeout=10,
     ).read()
     assert b"haproxy_backend_active_servers" in metrics
+
+    # the door's overhead per request against a direct call to gpu1's instance, in one run
+    bench = Path(__file__).parent.parent / "bench" / "gateway_overhead.py"
+    gpu1 = fleet.hosts["gpu1"].ip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            "--door",
+            fleet.url,
+            "--door-key",
+            str(fleet.tmp / "door.key"),
+            "--direct",
+            f"http://{gpu1}:8080",
+            "--direct-key",
+            str(fleet.tmp / "gpu1.key"),
+            "--model",
+            TINY_REPO,
+            "--runs",
+            "51",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    overhead = json.loads(proc.stdout)
+    print(f"\n[gateway] overhead: {overhead}")
+    assert overhead["ratio"] > 0
 
     # a second run changes nothing
     rc, report, out = fleet.gateway()

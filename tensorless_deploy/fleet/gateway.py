@@ -104,12 +104,19 @@ class _Planned:
 
 
 def _pools(
-    state: Any, hosts: Sequence[Any], catalog: Catalog, models: Sequence[str], door: str
+    state: Any,
+    hosts: Sequence[Any],
+    catalog: Catalog,
+    models: Sequence[str],
+    door: str,
+    host_timeout: int | None = None,
 ) -> _Planned:
-    """Every host planned for every model as deploy plans it; each instance a server."""
+    """Every host planned for every model as deploy plans it (its options its inventory's: the
+    command line's --port, --bind and key are the door's); each instance a server."""
     wanted = [(m, catalog.find(m)) for m in models]
     entries = [e for _, es in wanted for e in es]
-    surveyed, sizing = survey_and_size(state, hosts, Flags(), entries, keep_connected=True)
+    survey_flags = Flags(host_timeout=host_timeout)
+    surveyed, sizing = survey_and_size(state, hosts, survey_flags, entries, keep_connected=True)
     by_name = {h.name: h for h in hosts}
     out = _Planned()
     for model, es in wanted:
@@ -155,7 +162,7 @@ def plan_door(
     _refuse(options)
     if door not in {h.name for h in hosts}:
         raise UsageError(f"--on {door}: not in the inventory")
-    planned = _pools(state, hosts, catalog, models, door)
+    planned = _pools(state, hosts, catalog, models, door, flags.host_timeout)
     if not planned.pools:
         why = "; ".join(f"{h}: {w}" for h, w in planned.skipped) or "no instances"
         raise UsageError(f"no instance of {', '.join(models)} to front: {why}")

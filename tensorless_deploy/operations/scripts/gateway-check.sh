@@ -3,14 +3,14 @@
 # the version found.
 : "${haproxy:?}" "${major:?}" "${minor:?}"
 line=$("$haproxy" -v 2>/dev/null | head -n 1)
-v=$(printf '%s\n' "$line" | sed -n 's/^HAProxy version \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1 \2/p')
-if [ -z "$v" ]; then
+have=$(printf '%s\n' "$line" | sed -n 's/^HAProxy version \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1/p')
+sub=$(printf '%s\n' "$line" | sed -n 's/^HAProxy version \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\2/p')
+if [ -z "$have" ] || [ -z "$sub" ]; then
   echo "$haproxy -v printed no HAProxy version (got: $line)" >&2
   exit 1
 fi
-set -- $v
-if [ "$1" -lt "$major" ] || { [ "$1" -eq "$major" ] && [ "$2" -lt "$minor" ]; }; then
-  echo "HAProxy $1.$2 is older than $major.$minor (json_query): upgrade this host's haproxy" >&2
+if [ "$have" -lt "$major" ] || { [ "$have" -eq "$major" ] && [ "$sub" -lt "$minor" ]; }; then
+  echo "HAProxy $have.$sub is older than $major.$minor (json_query): upgrade this host's haproxy" >&2
   exit 1
 fi
-echo "HAProxy $1.$2"
+echo "HAProxy $have.$sub"
