@@ -59,6 +59,7 @@ COVERED = [
     "docs/design.md",
     "docs/doctor.md",
     "docs/field-notes.md",
+    "docs/gateway.md",
     "docs/install.md",
     "docs/kubernetes.md",
     "docs/maintain.md",

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "export",
     "gate",
     "maintain",
+    "gateway",
 )
 # Which module registers each command: a run of one command imports and builds only that
 # module's parsers (start-up time); --help, no command or an unknown one build them all.
@@ -58,6 +59,7 @@ COMMANDS = {
     "export": "export",
     "gate": "gate",
     "maintain": "maintain",
+    "gateway": "gateway",
 }
 
 

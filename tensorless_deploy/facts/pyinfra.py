@@ -324,6 +324,18 @@ class ModelBlob(_PlainFact[BlobState]):
         return parse_blob_state("\n".join(_lines(output, "the model file check")))
 
 
+class HaproxyVersion(FactBase["str | None"]):
+    """The first line of ``haproxy -v`` (the gateway's engine), or None: no haproxy here."""
+
+    def command(self, haproxy: str) -> str:
+        h = shlex.quote(haproxy)
+        return bounded_command(f"if [ -x {h} ]; then {h} -v | head -n 1; else echo none; fi")
+
+    def process(self, output: Iterable[str]) -> str | None:
+        value = _one(output, "the haproxy version")
+        return None if value in ("", "none") else value
+
+
 class FileSha256(FactBase["str | None"]):
     """The sha256 of a file, or None when it does not exist."""
 

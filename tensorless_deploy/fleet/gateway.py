@@ -1,0 +1,324 @@
+"""gateway: the front door over the fleet's instances of some models, on one host.
+
+Every inventory host is surveyed and planned as deploy plans it (hostplan.plan.plan_host, with
+the same sizing); each planned instance of the models becomes a server of its model's pool at
+the door (hostplan.gateway renders the door). On the door host, HAProxy is installed from its
+packages and the door written and (re)loaded (operations.gateway); each backend host gets a
+marker naming its door (door_of reads it). ``Door`` is the control path deploy drains through:
+the door's stats page on its root-only unix socket, over the SSH connection the run holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorless_deploy.decisions.checks import secret_file_checks
+from tensorless_deploy.decisions.options import (
+    Flags,
+    Options,
+    api_key,
+    pem_text,
+    resolve,
+)
+from tensorless_deploy.errors import UsageError
+from tensorless_deploy.fleet.connect import (
+    disconnect,
+    new_state,
+    on_each_host,
+    run_script,
+    survey_and_size,
+)
+from tensorless_deploy.fleet.runner import HostResult, Step, apply_steps
+from tensorless_deploy.hostplan.gateway import (
+    DEFAULT_DOOR_PORT,
+    MARKER_PATH,
+    STATS_SOCKET,
+    Backend,
+    DoorPlan,
+    Pool,
+    ServerState,
+    backend_address,
+    door_refusal,
+    marker_text,
+    parse_marker,
+    parse_stats_csv,
+    render_config,
+    render_unit,
+    server_name,
+)
+from tensorless_deploy.hostplan.plan import plan_host
+from tensorless_deploy.recipe.catalog import Catalog
+
+PACKAGE = "tensorless_deploy.fleet"
+ADMIN_TIMEOUT_S = 30
+DRAIN_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class GatewayResult:
+    """What one gateway run did: the door's plan, the door host's and each backend host's
+    result, and the hosts whose instances the door does not front (and why)."""
+
+    plan: DoorPlan
+    door: HostResult | None  # None: a dry run
+    markers: tuple[HostResult, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (host, why)
+    config: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (self.door is None or self.door.ok) and all(m.ok for m in self.markers)
+
+
+def door_options(flags: Flags) -> Options:
+    """The door's own options, from the command line only (a host's inventory port and bind
+    are its instances'): --port (default DEFAULT_DOOR_PORT), --bind, its key, its TLS."""
+    port = flags.port if flags.port is not None else DEFAULT_DOOR_PORT
+    return resolve(dataclasses.replace(flags, port=port))
+
+
+def _refuse(options: Options) -> None:
+    problem = door_refusal(options)
+    if problem is not None:
+        raise UsageError(problem)
+    for c in secret_file_checks(options):
+        if c.status == "fail":
+            flag = "--api-key-file" if c.id == "api.key_file" else "--tls-cert-file/--tls-key-file"
+            raise UsageError(f"{flag}: {c.evidence}")
+
+
+def _host_address(host: Any) -> str:
+    data = host.data
+    value = data.get("ssh_hostname") if data is not None else None
+    return str(value or host.name)
+
+
+@dataclass
+class _Planned:
+    pools: list[Pool] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _pools(
+    state: Any,
+    hosts: Sequence[Any],
+    catalog: Catalog,
+    models: Sequence[str],
+    door: str,
+    host_timeout: int | None = None,
+) -> _Planned:
+    """Every host planned for every model as deploy plans it (its options its inventory's: the
+    command line's --port, --bind and key are the door's); each instance a server."""
+    wanted = [(m, catalog.find(m)) for m in models]
+    entries = [e for _, es in wanted for e in es]
+    survey_flags = Flags(host_timeout=host_timeout)
+    surveyed, sizing = survey_and_size(state, hosts, survey_flags, entries, keep_connected=True)
+    by_name = {h.name: h for h in hosts}
+    out = _Planned()
+    for model, es in wanted:
+        backends: list[Backend] = []
+        alias = es[0].recipe.run.alias
+        for s in surveyed:
+            if s.facts is None:
+                out.skipped.append((s.name, s.error or "not surveyed"))
+                continue
+            plan = plan_host(s.name, s.facts, es, s.options, sizing=sizing)
+            if plan.entry is None:
+                continue  # no card here for this model
+            if not plan.ok:
+                out.skipped.append((s.name, f"{model}: {plan.why()}"))
+                continue
+            key = api_key(s.options.api_key_file) if s.options.api_key_file else None
+            for inst in plan.instances:
+                spec = inst.spec
+                where, problem = backend_address(
+                    door, s.name, spec.bind, spec.port, _host_address(by_name[s.name])
+                )
+                if where is None:
+                    out.skipped.append((s.name, problem or "unreachable from the door"))
+                    continue
+                backends.append(Backend(s.name, spec.port, where, key, spec.tls))
+        if backends:
+            out.pools.append(Pool(alias, tuple(backends)))
+        else:
+            out.skipped.append(("*", f"{model}: no instance planned on any host"))
+    return out
+
+
+def plan_door(
+    state: Any,
+    hosts: Sequence[Any],
+    catalog: Catalog,
+    models: Sequence[str],
+    door: str,
+    flags: Flags,
+) -> tuple[DoorPlan, tuple[tuple[str, str], ...]]:
+    """The door's plan (refused as deploy refuses a keyless wide bind), and the hosts left out."""
+    options = door_options(flags)
+    _refuse(options)
+    if door not in {h.name for h in hosts}:
+        raise UsageError(f"--on {door}: not in the inventory")
+    planned = _pools(state, hosts, catalog, models, door, flags.host_timeout)
+    if not planned.pools:
+        why = "; ".join(f"{h}: {w}" for h, w in planned.skipped) or "no instances"
+        raise UsageError(f"no instance of {', '.join(models)} to front: {why}")
+    key = api_key(options.api_key_file) if options.api_key_file else None
+    plan = DoorPlan(door, options, tuple(planned.pools), key)
+    return plan, tuple(planned.skipped)
+
+
+def _door_pem(options: Options) -> str | None:
+    if not options.tls or options.tls_cert_file is None or options.tls_key_file is None:
+        return None
+    cert = pem_text(options.tls_cert_file, "certificate")
+    return cert + pem_text(options.tls_key_file, "private key")
+
+
+def gateway(
+    inventory: Any,
+    catalog: Catalog,
+    models: Sequence[str],
+    door: str,
+    flags: Flags,
+    *,
+    dry: bool = False,
+    only: Sequence[str] | None = None,
+) -> GatewayResult:
+    """Plan the door, then (unless dry) install HAProxy on the door host, write and (re)load the
+    door there, and mark each backend host with its door. only: the hosts whose instances it
+    fronts (--limit; None: every inventory host); the door host is surveyed either way."""
+    from tensorless_deploy.operations import gateway as ops
+
+    hosts = [h for h in inventory if only is None or h.name in only or h.name == door]
+    state = new_state(inventory, flags)
+    try:
+        plan, skipped = plan_door(state, hosts, catalog, models, door, flags)
+        config = render_config(plan)
+        if dry:
+            return GatewayResult(plan, None, (), skipped, config)
+        by_name = {h.name: h for h in hosts}
+        backend_hosts = sorted({b.host for b in plan.backends})
+        steps: dict[str, list[Step]] = {name: [] for name in backend_hosts}
+        steps[door] = [
+            Step("gateway.haproxy", ops.haproxy),
+            Step(
+                "gateway.door",
+                ops.door,
+                {"config": config, "unit": render_unit(plan), "pem": _door_pem(plan.options)},
+            ),
+        ]
+        for name in backend_hosts:
+            steps[name].append(
+                Step(
+                    "gateway.marker",
+                    ops.marker,
+                    {"path": MARKER_PATH, "content": marker_text(plan)},
+                )
+            )
+        ran = [by_name[n] for n in steps]
+        results = apply_steps(state, ran, steps)
+        markers = tuple(results[n] for n in backend_hosts if n != door)
+        return GatewayResult(plan, results[door], markers, skipped, config)
+    finally:
+        disconnect(hosts)
+
+
+class Door:
+    """The door's control path for one run: drain an instance, wait until the door's own count
+    of its requests in flight is zero, and put it back (the stats page on the door host's
+    root-only unix socket, over the SSH connection the run holds)."""
+
+    def __init__(self, state: Any, host: Any) -> None:
+        self.state = state
+        self.host = host
+
+    def _admin(self, **params: str) -> tuple[tuple[ServerState, ...], str | None]:
+        ok, out, err = run_script(
+            self.state,
+            self.host,
+            PACKAGE,
+            "gateway-admin",
+            ADMIN_TIMEOUT_S,
+            socket=STATS_SOCKET,
+            **params,
+        )
+        if not ok:
+            return (), f"the door on {self.host.name}: " + ("; ".join(err) or "no answer")
+        return parse_stats_csv("\n".join(out)), None
+
+    def servers(self) -> tuple[ServerState, ...]:
+        """Every instance as the door sees it now (empty: the door did not answer)."""
+        return self._admin()[0]
+
+    def _find(self, host_name: str, port: int) -> tuple[ServerState | None, str | None]:
+        rows, error = self._admin()
+        if error is not None:
+            return None, error
+        name = server_name(host_name, port)
+        row = next((r for r in rows if r.server == name), None)
+        if row is None:
+            return None, f"the door on {self.host.name} fronts no instance {host_name}:{port}"
+        return row, None
+
+    def take_out(self, host_name: str, port: int, timeout_s: float) -> str | None:
+        """Set the instance to drain at the door (no new request goes to it) and wait, at most
+        timeout_s, until the door counts none of its requests in flight. None: drained; else
+        why not (the requests still in flight when the wait ended)."""
+        row, error = self._find(host_name, port)
+        if row is None:
+            return error
+        rows, error = self._admin(action="drain", pool=row.pool, server=row.server)
+        if error is not None:
+            return error
+        started = time.monotonic()
+        while True:
+            now = next((r for r in rows if r.server == row.server), None)
+            if now is not None and now.current == 0:
+                return None
+            waited = time.monotonic() - started
+            if waited >= timeout_s:
+                left = now.current if now is not None else "?"
+                return f"{left} request(s) still in flight at the door after {waited:.0f} s"
+            time.sleep(DRAIN_POLL_S)
+            rows, error = self._admin()
+            if error is not None:
+                return error
+
+    def put_back(self, host_name: str, port: int) -> str | None:
+        """Set the instance ready at the door again (its health checks decide from there)."""
+        row, error = self._find(host_name, port)
+        if row is None:
+            return error
+        return self._admin(action="ready", pool=row.pool, server=row.server)[1]
+
+
+def door_of(state: Any, hosts: Sequence[Any], host_name: str) -> Door | None:
+    """The door that fronts host_name's instances, as that host's marker names it (None: no
+    door, or the door is not in this inventory)."""
+    by_name = {h.name: h for h in hosts}
+    host = by_name.get(host_name)
+    if host is None:
+        return None
+
+    def read(h: Any) -> str:
+        ok, out, _ = run_script(state, h, PACKAGE, "gateway-marker", 10, path=MARKER_PATH)
+        return "\n".join(out) if ok else ""
+
+    got = on_each_host(state, [host], read, keep_connected=True, step="the door's marker")[0]
+    door = parse_marker(got).get("door") if isinstance(got, str) else None
+    if door is None or door not in by_name:
+        return None
+    on_each_host(state, [by_name[door]], lambda h: "", keep_connected=True, step="the door")
+    return Door(state, by_name[door])
+
+
+def refresh(
+    inventory: Any, catalog: Catalog, models: Sequence[str], door: str, flags: Flags
+) -> GatewayResult:
+    """The door re-rendered from the current host plans and reloaded where it changed (what a
+    deploy, scale or stop that changes the instances calls)."""
+    return gateway(inventory, catalog, models, door, flags)

@@ -1,0 +1,371 @@
+"""The front door against the real test hosts: the tiny model deployed on gpu1 (podman 5,
+quadlet) and legacy1 (podman 4.3, plain unit), each with its own key, and `gateway --on gpu1`
+over both, with HAProxy installed from gpu1's own packages (Debian 13's 3.0).
+
+Figures these tests measure are printed (``pytest -s``): the time from a backend's stop to the
+door marking it down, and the requests that failed meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
+from tests.hosts.harness import Host
+from tests.hosts.hf_server import HFServer
+from tests.hosts.plugin import TINY_COMMIT, SshRunner
+
+pytestmark = pytest.mark.hosts
+
+FIXTURES = Path(__file__).parent / "fixtures" / "secrets"
+DOOR = "gpu1"
+BACKENDS = ["gpu1", "legacy1"]
+DOOR_PORT = 8000
+UNIT = "tensorless-tiny-p100"
+
+
+@dataclass
+class Fleet:
+    tmp: Path
+    catalog: Path
+    env: dict[str, str]
+    hosts: dict[str, Host]
+    ssh: SshRunner
+    inventory: Path
+    door_key: str
+    backend_keys: dict[str, str]
+
+    def sh(self, host: str, cmd: str, check: bool = True, timeout: float = 60) -> str:
+        return str(self.ssh(host, cmd, check=check, timeout=timeout).stdout)
+
+    def gateway(self, *extra: str) -> tuple[int, dict[str, Any], str]:
+        proc = cli(
+            "--json",
+            "gateway",
+            "-i",
+            str(self.inventory),
+            "--on",
+            DOOR,
+            "tiny",
+            "--recipes",
+            str(self.catalog),
+            "--bind",
+            "0.0.0.0",
+            "--port",
+            str(DOOR_PORT),
+            "--api-key-file",
+            str(self.tmp / "door.key"),
+            *extra,
+            env=self.env,
+        )
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.hosts[DOOR].ip}:{DOOR_PORT}"
+
+
+def _key_file(path: Path, key: str) -> Path:
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def fleet(
+    tmp_path: Path,
+    hosts_json: dict[str, Any],
+    test_hosts: dict[str, Host],
+    hf: HFServer,
+    ssh: SshRunner,
+    clean_hosts: None,
+) -> Iterator[Fleet]:
+    catalog = write_catalog(tmp_path / "recipes", tiny_recipe(hosts_json, TINY_COMMIT))
+    keys = {"gpu1": "gpu1-backend-key-" + "1" * 24, "legacy1": "legacy1-backend-key-" + "2" * 24}
+    data = {
+        n: {
+            "tensorless_bind": "0.0.0.0",
+            "tensorless_api_key_file": str(_key_file(tmp_path / f"{n}.key", k)),
+        }
+        for n, k in keys.items()
+    }
+    inv = write_inventory(tmp_path / "inventory.py", [test_hosts[n] for n in BACKENDS], data=data)
+    door_key = "door-key-" + "3" * 32
+    _key_file(tmp_path / "door.key", door_key)
+    env = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_ENDPOINT": hf.url}
+    proc = cli("--json", "deploy", "-i", str(inv), "tiny", "--recipes", str(catalog), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    yield Fleet(tmp_path, catalog, env, test_hosts, ssh, inv, door_key, keys)
+
+
+def _get(url: str, key: str | None = None) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read() or b"{}")
+
+
+def _post(url: str, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read() or b"{}")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, {"error": str(exc)}
+
+
+def _openai_calls(url: str, key: str) -> dict[str, Any]:
+    """The five calls of the real openai client through the door."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+    msg = [{"role": "user", "content": "hi"}]
+    out: dict[str, Any] = {"models": [m.id for m in client.models.list()]}
+    chat = client.chat.completions.create(model=TINY_REPO, messages=msg, max_tokens=8)  # type: ignore[arg-type]
+    out["chat"] = chat.choices[0].finish_reason
+    stream = client.chat.completions.create(
+        model=TINY_REPO,
+        messages=msg,  # type: ignore[arg-type]
+        max_tokens=8,
+        stream=True,
+    )
+    out["chat_stream"] = sum(1 for _ in stream)
+    comp = client.completions.create(model=TINY_REPO, prompt="Hello", max_tokens=8)
+    out["completions"] = comp.choices[0].finish_reason
+    cstream = client.completions.create(model=TINY_REPO, prompt="Hello", max_tokens=8, stream=True)
+    out["completions_stream"] = sum(1 for _ in cstream)
+    return out
+
+
+DOOR_CALLS = """
+import json, sys
+from tensorless_deploy.fleet.connect import new_state
+from tensorless_deploy.fleet.gateway import door_of
+from tensorless_deploy.fleet.inventory import load_inventory
+inventory = load_inventory(sys.argv[1], False)
+hosts = list(inventory)
+door = door_of(new_state(inventory), hosts, sys.argv[2])
+out = []
+for method, *args in json.loads(sys.argv[3]):
+    got = getattr(door, method)(*args)
+    out.append(got if method != "servers" else len(got))
+print(json.dumps([door.host.name if door else None, out]))
+"""
+
+
+def _door(fleet: Fleet, backend: str, *calls: list[Any]) -> tuple[str | None, list[Any]]:
+    """door_of(backend) and calls on it ([method, args...]), as deploy makes them."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DOOR_CALLS, str(fleet.inventory), backend, json.dumps(calls)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    door, out = json.loads(proc.stdout)
+    return door, out
+
+
+def _door_state(fleet: Fleet) -> dict[str, tuple[str, int]]:
+    from tensorless_deploy.hostplan.gateway import STATS_SOCKET, parse_stats_csv
+
+    csv = fleet.sh(DOOR, f"curl -fsS --unix-socket {STATS_SOCKET} 'http://door/;csv'")
+    return {r.server: (r.status, r.current) for r in parse_stats_csv(csv)}
+
+
+def _wait(pred: Any, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_door_over_two_hosts(fleet: Fleet) -> None:
+    # a host without HAProxy (the test hosts hold its packages in apt's cache only)
+    fleet.sh(DOOR, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q haproxy", check=False)
+    assert fleet.sh(DOOR, "dpkg-query -W -f '${Status}' haproxy 2>/dev/null", check=False) != (
+        "install ok installed"
+    )
+    rc, report, out = fleet.gateway()
+    assert rc == 0 and report["outcome"] == "changed", out
+    assert report["url"] == f"http://0.0.0.0:{DOOR_PORT}"
+    assert sorted(report["models"][TINY_REPO]) == ["gpu1:8080", "legacy1:8080"]
+    # HAProxy from gpu1's own packages; our unit runs it, not the distribution's
+    assert fleet.sh(DOOR, "dpkg-query -W -f '${Status} ${Version}' haproxy").startswith(
+        "install ok installed 3.0"
+    )
+    assert fleet.sh(DOOR, "systemctl is-active tensorless-gateway").strip() == "active"
+    # the configuration holds keys: root only; the keys in no argv, unit or journal
+    modes = fleet.sh(
+        DOOR, "stat -c '%U %a' /etc/tensorless-gateway /etc/tensorless-gateway/haproxy.cfg"
+    )
+    assert modes.split("\n")[:2] == ["root 700", "root 600"], modes
+    looked = fleet.sh(
+        DOOR,
+        "cat /etc/systemd/system/tensorless-gateway.service; ps -eo args; "
+        "journalctl -u tensorless-gateway --no-pager -o cat",
+    )
+    for k in (fleet.door_key, *fleet.backend_keys.values()):
+        assert k not in looked and k not in out
+    assert "door=gpu1" in fleet.sh("legacy1", "cat /etc/tensorless-deploy/gateway")
+    _wait(lambda: all(s == "UP" for s, _ in _door_state(fleet).values()), 20, "both up")
+
+    # the real openai client: the five calls with the door's key
+    got = _openai_calls(fleet.url, fleet.door_key)
+    assert got["models"] == [TINY_REPO]
+    assert got["chat"] in ("length", "stop") and got["completions"] in ("length", "stop")
+    assert got["chat_stream"] > 1 and got["completions_stream"] > 1, got
+    # 401 without (or with a backend's own) key, in OpenAI's error shape; /health needs none
+    for key in (None, fleet.backend_keys["gpu1"]):
+        code, body = _get(f"{fleet.url}/v1/models", key)
+        assert code == 401 and body["error"]["code"] == "invalid_api_key", body
+    assert _get(f"{fleet.url}/health")[0] == 200
+    # a model the door does not front: 404, OpenAI's shape
+    code, body = _post(
+        f"{fleet.url}/v1/chat/completions",
+        {"model": "nope/none", "messages": [{"role": "user", "content": "hi"}]},
+        fleet.door_key,
+    )
+    assert code == 404 and body["error"]["code"] == "model_not_found", body
+    # both backends served (leastconn over two idle servers alternates); Prometheus metrics
+    hits = _door_state(fleet)
+    assert len(hits) == 2
+    metrics = urllib.request.urlopen(
+        urllib.request.Request(
+            f"{fleet.url}/metrics", headers={"Authorization": f"Bearer {fleet.door_key}"}
+        ),
+        timeout=10,
+    ).read()
+    assert b"haproxy_backend_active_servers" in metrics
+
+    # the door's overhead per request against a direct call to gpu1's instance, in one run
+    bench = Path(__file__).parent.parent / "bench" / "gateway_overhead.py"
+    gpu1 = fleet.hosts["gpu1"].ip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(bench),
+            "--door",
+            fleet.url,
+            "--door-key",
+            str(fleet.tmp / "door.key"),
+            "--direct",
+            f"http://{gpu1}:8080",
+            "--direct-key",
+            str(fleet.tmp / "gpu1.key"),
+            "--model",
+            TINY_REPO,
+            "--runs",
+            "51",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    overhead = json.loads(proc.stdout)
+    print(f"\n[gateway] overhead: {overhead}")
+    assert overhead["ratio"] > 0
+
+    # a second run changes nothing
+    rc, report, out = fleet.gateway()
+    assert rc == 0 and report["outcome"] == "unchanged", out
+
+    # drain for real: the instance on legacy1 taken out while a streamed answer is in flight
+    # (fleet.gateway.Door, found from legacy1's marker as deploy finds it, in a process of its
+    # own: pyinfra's gevent patches the process that imports it)
+    assert _door(fleet, "legacy1", ["servers"]) == (DOOR, [2])
+    # idle: drained at once
+    assert _door(fleet, "legacy1", ["take_out", "gpu1", 8080, 5]) == (DOOR, [None])
+    body = {"model": TINY_REPO, "prompt": "Hello", "max_tokens": 2000, "stream": True}
+    req = urllib.request.Request(
+        f"{fleet.url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {fleet.door_key}", "Content-Type": "application/json"},
+    )
+    resp = urllib.request.urlopen(req, timeout=60)
+    assert resp.readline()  # the answer has begun on legacy1 (gpu1 is drained)
+    # held mid-answer (the tiny model would finish before the door is asked): SIGSTOP
+    pid = int(fleet.sh("legacy1", f"podman inspect {UNIT} --format '{{{{.State.Pid}}}}'"))
+    fleet.sh("legacy1", f"kill -STOP {pid}")
+    _, (back, busy) = _door(
+        fleet, "gpu1", ["put_back", "gpu1", 8080], ["take_out", "legacy1", 8080, 1]
+    )
+    assert back is None and busy is not None and "still in flight" in busy, busy
+    assert _door_state(fleet)["legacy1_8080"][1] == 1  # the door's own count: one in flight
+    # new requests go to gpu1 while legacy1 drains (one sent to the held legacy1 would hang)
+    code, _ = _post(
+        f"{fleet.url}/v1/completions", {**body, "stream": False, "max_tokens": 4}, fleet.door_key
+    )
+    assert code == 200
+    fleet.sh("legacy1", f"kill -CONT {pid}")
+    rest = resp.read()
+    resp.close()
+    assert b"[DONE]" in rest
+    _, (drained, back) = _door(
+        fleet, "gpu1", ["take_out", "legacy1", 8080, 10], ["put_back", "legacy1", 8080]
+    )
+    assert drained is None and back is None  # its one request finished: drained, then back
+    _wait(lambda: _door_state(fleet)["legacy1_8080"][0] == "UP", 20, "legacy1 ready again")
+
+    # a backend stopped under load: out within seconds, no request failed
+    failures: list[int] = []
+    sent = [0]
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            code, _ = _post(
+                f"{fleet.url}/v1/completions",
+                {"model": TINY_REPO, "prompt": "Hi", "max_tokens": 4},
+                fleet.door_key,
+            )
+            sent[0] += 1
+            if code != 200:
+                failures.append(code)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        time.sleep(1)
+        fleet.sh("legacy1", f"systemctl stop {UNIT}.service")
+        out_after = _wait(
+            lambda: _door_state(fleet)["legacy1_8080"][0].startswith("DOWN"), 15, "legacy1 down"
+        )
+        time.sleep(1)
+    finally:
+        stop.set()
+        worker.join()
+    print(
+        f"\n[gateway] backend stopped: out of the pool after {out_after:.1f} s; "
+        f"{len(failures)} of {sent[0]} requests failed meanwhile"
+    )
+    assert out_after < 6
+    assert not failures, failures
