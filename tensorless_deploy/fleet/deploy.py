@@ -67,6 +67,7 @@ class DeployRequest:
     token_source: TokenSource | None = None
     # bytes of each transfer while it runs (host, what, done, total): shown, never decided on
     progress: Progress | None = None
+    relay: bool = False  # a push goes to one host, which passes it on (fleet.relay)
 
 
 class _Token:
@@ -518,8 +519,9 @@ def _transfer(run: _Run) -> None:
     pushing = {n: p for n, p in run.plans.items() if run.modes[n][0] == "push"}
     if not pushing or run.request.dry:
         return
+    request = run.request
     errors, sent = push(
-        run.state, run.by_name, pushing, run.token, run.missing, run.request.progress
+        run.state, run.by_name, pushing, run.token, run.missing, request.progress, request.relay
     )
     for name, what in sent.items():
         run.transfers[name] += f"; {what}"
