@@ -12,7 +12,11 @@ send is bound by the controller (one core encrypting every stream, as gevent run
 or by the link, and later hosts fetching from the first would pay; if it grows, it is not.
 All receivers share this machine's 2 cores with the controller (sshd, head, tee and openssl run
 here too), so the figures bound the controller's side from above.
-Usage: .venv/bin/python bench/push_fanout.py [--mib 64] [--counts 1,4,8,16]   (root)
+With --relay the same N receivers get the file through fleet.relay instead (the controller sends
+it to one host, hosts that hold it verified pass it on, one key per hop): N is at most the number
+of distinct test hosts (a host does not relay to itself), and the line adds the controller's
+bytes sent divided by the file's size (target <= 1.1x) and each hop's mean time.
+Usage: .venv/bin/python bench/push_fanout.py [--mib 64] [--counts 1,4,8,16] [--relay]   (root)
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--counts", default="1,4,8,16")
+    ap.add_argument("--relay", action="store_true", help="through fleet.relay, host to host")
     opts = ap.parse_args()
     counts = [int(c) for c in opts.counts.split(",")]
     if not (base_dir() / "hosts.json").exists():
@@ -65,6 +70,8 @@ def main() -> int:
         for _ in range(opts.mib):
             f.write(os.urandom(1 << 20))
     size = source.stat().st_size
+    if opts.relay and max(counts) > len(hosts):
+        sys.exit(f"bench: --relay needs distinct hosts: at most {len(hosts)} receivers here")
     per_host = -(-max(counts) // len(hosts))
     # each test host named per_host times: one SSH connection per name, as N machines would
     entries = [(h, k) for k in range(per_host) for h in hosts]
@@ -100,7 +107,10 @@ def main() -> int:
                 for t, r in zip(chosen, receivers, strict=True)
             ]
             cpu0, read0, t0 = controller_cpu(), read_bytes(), time.perf_counter()
-            fan_out(source, receivers, commands)
+            if opts.relay:
+                relayed = _relay(state, chosen, source, receivers)
+            else:
+                fan_out(source, receivers, commands)
             wall = time.perf_counter() - t0
             cpu, read = controller_cpu() - cpu0, read_bytes() - read0
             bad = [r.error for r in receivers if r.error]
@@ -108,16 +118,39 @@ def main() -> int:
                 sys.exit(f"bench: {bad[0]}")
             rate = n * size / wall / 1e6
             base_rate = base_rate or rate
+            extra = ""
+            if opts.relay:
+                hops = [h.seconds for h in relayed.hops if h.kind == "ok"]
+                extra = (
+                    f"; controller sent {relayed.controller_bytes / size:4.2f} x the file, "
+                    f"{len(hops)} hops of {sum(hops) / len(hops):5.2f} s each"
+                )
             print(
                 f"N={n:2d}: {wall:6.2f} s, {rate:6.1f} MB/s together ({rate / base_rate:4.2f}x "
                 f"of N=1), {rate / n:6.1f} MB/s each; controller CPU {cpu:5.2f} s "
-                f"({cpu / wall:4.2f} cores), read {read / size:4.1f} x the file"
+                f"({cpu / wall:4.2f} cores), read {read / size:4.1f} x the file{extra}"
             )
     finally:
         for h in hosts:
             ssh_run(h, f"rm -rf {REMOTE}", timeout=60, check=False)
         disconnect(targets)
     return 0
+
+
+def _relay(state: Any, chosen: list[Any], source: Path, receivers: list[Any]) -> Any:
+    import hashlib
+
+    from tensorless_deploy.fleet.relay import Copy, relay
+
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    remote = {r.host: r.path for r in receivers}
+    copy = Copy("file", source, sha, source.stat().st_size, remote)
+    report = relay(state, {t.name: t for t in chosen}, copy, [t.name for t in chosen])
+    for r in receivers:
+        hop = report.done.get(r.host) or report.failed.get(r.host)
+        r.error = report.failed[r.host].line if r.host in report.failed else None
+        r.sent = hop.sent if hop else 0
+    return report
 
 
 if __name__ == "__main__":

@@ -131,6 +131,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         progress=progress if progress.tty else None,
         source=source,
         door=None if args.dry_run else door_of(inventory, hosts),
+        relay=args.relay,
     )
     try:
         if args.serial and not args.dry_run:
@@ -191,6 +192,12 @@ def register(command: Command) -> None:
         default="auto",
         help="pull: hosts fetch model and image; push: this machine sends them; "
         "auto (default): push only where a host cannot reach them",
+    )
+    p.add_argument(
+        "--relay",
+        action="store_true",
+        help="a push goes from this machine to one host, and hosts holding verified bytes "
+        "pass them on (each hop over a key made for it, removed at its end)",
     )
     p.add_argument(
         "--serial",

@@ -79,6 +79,7 @@ class DeployRequest:
     # the front door before the instances (door_of): each instance that changes is taken out
     # of it before its restart and put back once healthy and on its card
     door: Door | None = None
+    relay: bool = False  # a push goes to one host, which passes it on (fleet.relay)
 
 
 def door_of(inventory: Any, hosts: Sequence[Any]) -> Door | None:
@@ -566,7 +567,14 @@ def _transfer(run: _Run) -> None:
         return
     request = run.request
     errors, sent = push(
-        run.state, run.by_name, pushing, run.token, run.missing, request.progress, request.source
+        run.state,
+        run.by_name,
+        pushing,
+        run.token,
+        run.missing,
+        request.progress,
+        request.source,
+        request.relay,
     )
     for name, what in sent.items():
         run.transfers[name] += f"; {what}"

@@ -313,11 +313,13 @@ def push(
     missing: Missing | None = None,
     progress: Progress | None = None,
     source: Source | None = None,
+    relay: bool = False,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Fetch model and image once on the controller (or take them from source), send them to
-    every host that lacks them (resuming partial files, each host at its own pace). Returns the
-    hosts that failed, with why, and what was sent to each host."""
-    report = push_report(state, by_name, plans, token, missing, progress, source)
+    every host that lacks them (resuming partial files, each host at its own pace; relay: to
+    one host, which passes them on, fleet.relay). Returns the hosts that failed, with why, and
+    what was sent to each host."""
+    report = push_report(state, by_name, plans, token, missing, progress, source, relay)
     return report.failed, {n: "; ".join(parts) for n, parts in report.sent.items()}
 
 
@@ -329,6 +331,7 @@ def push_report(
     missing: Missing | None = None,
     progress: Progress | None = None,
     source: Source | None = None,
+    relay: bool = False,
 ) -> PushReport:
     from tensorless_deploy.local.fetch import LocalError
 
@@ -349,7 +352,8 @@ def push_report(
                     (n, _partial(group[n]), recipe.model.size_bytes, _lock(group[n]))
                     for n in needs_model
                 ]
-                _send(state, by_name, "model", blob_path, targets, report, progress)
+                digest = recipe.model.sha256 if relay else None
+                _send(state, by_name, "model", blob_path, targets, report, progress, digest)
             if needs_image:
                 t0 = time.monotonic()
                 archive = _image_file(recipe.engine.image, source)
@@ -364,6 +368,7 @@ def push_report(
                     [(n, remote, size, "") for n in needs_image],
                     report,
                     progress,
+                    _file_sha256(archive) if relay else None,
                 )
         except (LocalError, TransferError) as exc:
             why = f"push: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")
@@ -469,12 +474,17 @@ def _send(
     targets: list[tuple[str, str, int, str]],
     report: PushReport,
     progress: Progress | None = None,
+    relay_sha: str | None = None,
 ) -> None:
     """One file to several hosts at once, each resuming from its partial and taking at most
-    the file's size (the model's size_bytes); what went where is noted."""
+    the file's size (the model's size_bytes); what went where is noted. relay_sha: the file's
+    sha256, and it goes to one host that passes it on (fleet.relay)."""
     live = [(n, p, s, k) for n, p, s, k in targets if n not in report.failed]
     for n, _, _, _ in live:
         in_step(state, by_name[n], f"the push of the {what}")
+    if relay_sha is not None:
+        _relay(state, by_name, what, source, live, report, progress, relay_sha)
+        return
     receivers = [Receiver(n, by_name[n], p) for n, p, _, _ in live]
     commands = [receive_command(state, by_name[n], p, s, k) for n, p, s, k in live]
     t0 = time.monotonic()
@@ -486,3 +496,45 @@ def _send(
         report.sent.setdefault(r.host, []).append(
             f"{what}: sent {r.sent} bytes (resumed from {r.offset}) in {r.seconds:.2f} s"
         )
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _relay(
+    state: Any,
+    by_name: dict[str, Any],
+    what: str,
+    source: Path,
+    live: list[tuple[str, str, int, str]],
+    report: PushReport,
+    progress: Progress | None,
+    sha: str,
+) -> None:
+    """_send through fleet.relay: every hop noted on its receiver, a failed one as its line."""
+    from tensorless_deploy.fleet.relay import Copy, relay
+
+    if not live:
+        return
+    size = live[0][2]
+    copy = Copy(
+        what, source, sha, size, {n: p for n, p, _, _ in live}, {n: k for n, _, _, k in live}
+    )
+    t0 = time.monotonic()
+    done = relay(state, by_name, copy, [n for n, _, _, _ in live], progress=progress)
+    report.seconds[f"send {what}"] = time.monotonic() - t0
+    report.seconds[f"controller bytes {what}"] = float(done.controller_bytes)
+    for hop in done.hops:
+        report.sent.setdefault(hop.receiver, []).append(
+            f"{what}: from {hop.sender}, sent {hop.sent} bytes (resumed from {hop.offset}) "
+            f"in {hop.seconds:.2f} s" + (f", then {hop.kind}" if hop.kind != "ok" else "")
+        )
+    for name, hop in done.failed.items():
+        report.failed[name] = hop.line
