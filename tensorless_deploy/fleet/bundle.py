@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tensorless_deploy.errors import TensorlessError
-from tensorless_deploy.fleet.push import Source
+from tensorless_deploy.fleet.push import Source, file_sha256
 from tensorless_deploy.recipe.catalog import Catalog, Entry
 from tensorless_deploy.recipe.schema import Recipe
 
@@ -148,7 +148,7 @@ def write_bundle(entry: Entry, recipe_file: Path, model: Path, image: Path, out:
         shutil.copyfile(recipe_file, recipe)
         _place(model, tmp / names["model"])
         _place(image, tmp / names["image"])
-        lines = [f"{_sha256(tmp / rel)}  {rel}\n" for rel in sorted(names.values())]
+        lines = [f"{file_sha256(tmp / rel)}  {rel}\n" for rel in sorted(names.values())]
         (tmp / SUMS).write_text("".join(lines))
         verify(tmp)
         os.rename(tmp, out)
@@ -175,14 +175,6 @@ def bundle_of(catalog: Catalog, entry: Entry, out: Path, token: Any = None) -> B
 
 
 # --- verifying --------------------------------------------------------------------------------
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _sums(root: Path) -> dict[str, str]:
@@ -282,7 +274,7 @@ def _check_model(root: Path, rel: str, recipe: Recipe, listed: str) -> None:
             f"{m.size_bytes}",
             fix="copy that part again from the original bundle",
         )
-    got = _sha256(root / rel)
+    got = file_sha256(root / rel)
     _check_hash(root, rel, got, listed)
     if got != m.sha256:
         raise BundleError(
@@ -362,7 +354,7 @@ def _references(doc: Any) -> list[tuple[str, bool]]:
 
 
 def _check_image(root: Path, rel: str, recipe: Recipe, listed: str) -> None:
-    _check_hash(root, rel, _sha256(root / rel), listed)
+    _check_hash(root, rel, file_sha256(root / rel), listed)
     try:
         archive = _read_archive(root / rel)
     except (tarfile.TarError, OSError, EOFError) as exc:
@@ -387,10 +379,10 @@ def verify(root: Path) -> Bundle:
     _part_set(root, listed)
     _, entry = _recipe(root, listed)
     names = _expected(root, entry, listed)
-    _check_hash(root, names["recipe"], _sha256(root / names["recipe"]), listed[names["recipe"]])
+    _check_hash(root, names["recipe"], file_sha256(root / names["recipe"]), listed[names["recipe"]])
     _check_model(root, names["model"], entry.recipe, listed[names["model"]])
     _check_image(root, names["image"], entry.recipe, listed[names["image"]])
-    _check_hash(root, names["wheel"], _sha256(root / names["wheel"]), listed[names["wheel"]])
+    _check_hash(root, names["wheel"], file_sha256(root / names["wheel"]), listed[names["wheel"]])
     return _at(root)
 
 

@@ -368,7 +368,7 @@ def push_report(
                     [(n, remote, size, "") for n in needs_image],
                     report,
                     progress,
-                    _file_sha256(archive) if relay else None,
+                    file_sha256(archive) if relay else None,
                 )
         except (LocalError, TransferError) as exc:
             why = f"push: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")
@@ -498,7 +498,8 @@ def _send(
         )
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in CHUNKs (the relay's sender check, the bundle's parts)."""
     import hashlib
 
     digest = hashlib.sha256()

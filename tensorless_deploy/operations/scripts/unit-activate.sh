@@ -8,7 +8,7 @@
 # of this start ("  | " lines; the controller puts its first error line first, fleet.journal).
 : "${svc:?}" "${url:?}" "${timeout:?}" "${path:?}" "${kind:?}" "${verb:?}" "${device_re:?}"
 # idle: before a restart, wait up to this many seconds for the serving instance's requests in
-# flight to finish (wait_idle, host.sh; its /slots and /metrics read with key, the unit's API
+# flight to finish (wait_idle, api.sh; its /slots and /metrics read with key, the unit's API
 # key file); empty: no wait
 : "${idle=}" "${key=}"
 poll() {  # until /health answers 200, the unit fails, or the deadline passes
