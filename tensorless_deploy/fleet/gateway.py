@@ -314,11 +314,3 @@ def door_of(state: Any, hosts: Sequence[Any], host_name: str) -> Door | None:
         return None
     on_each_host(state, [by_name[door]], lambda h: "", keep_connected=True, step="the door")
     return Door(state, by_name[door])
-
-
-def refresh(
-    inventory: Any, catalog: Catalog, models: Sequence[str], door: str, flags: Flags
-) -> GatewayResult:
-    """The door re-rendered from the current host plans and reloaded where it changed (what a
-    deploy, scale or stop that changes the instances calls)."""
-    return gateway(inventory, catalog, models, door, flags)
