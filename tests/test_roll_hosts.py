@@ -10,6 +10,8 @@ import datetime
 import hashlib
 import http.client
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -253,27 +255,28 @@ def cli_door(command: str, inventory: Path, catalog: Path, env: dict[str, str]) 
     return found
 
 
-# a stream until the context is full: about 20 s of generation on the test hosts' CPU (175
-# tokens/s at the start); three at once on the recipe's one slot (-np 1) keep it busy for about
-# a minute, longer than a deploy takes to reach the restart (about 17 s: survey, image, model)
+# a stream until the context is full: 2 to 20 s of generation on the test hosts' CPU (2,200
+# tokens/s on an idle machine, 175 under a loaded one) on the recipe's one slot (-np 1). Busy
+# keeps one in flight, the next sent as one ends, until the deploy is seen at its restart on
+# the host and then some: the instance is busy when the drain begins and while it reads,
+# however long the deploy took to reach it
 LONG = {"prompt": "Once upon a time", "max_tokens": 10000, "stream": True, "ignore_eos": True}
-STREAMS = 3
 CONTEXTS = (4096, 3968, 3840)  # each a change of the recipe
+# the restart's script running on the host, about to drain (unit-activate, in its sh -c:
+# "${was:-$url}" is in no other script); the class keeps the probe's own shell, whose text
+# says wa[s]:-, from matching itself
+DRAINING = "pgrep -f 'wa[s]:-' >/dev/null"
 
 
-class LongStream(threading.Thread):
-    """One long streaming completion in flight: how it ended and when."""
+class LongStream:
+    """One long streaming completion: how it ended and when."""
 
     def __init__(self, ip: str, port: int) -> None:
-        super().__init__(daemon=True)
-        self.ip, self.port = ip, port
         self.error: str | None = None
         self.text = b""
-        self.ended = 0.0
-
-    def run(self) -> None:
+        self.began = time.time()
         try:
-            self.text = _complete(self.ip, self.port, LONG, timeout=600)
+            self.text = _complete(ip, port, LONG, timeout=600)
         except (OSError, http.client.HTTPException) as exc:
             self.error = repr(exc)
         self.ended = time.time()
@@ -281,6 +284,51 @@ class LongStream(threading.Thread):
     @property
     def finished(self) -> bool:
         return self.error is None and b"[DONE]" in self.text
+
+
+class Busy(threading.Thread):
+    """Long streams to one instance one after another (one always in flight) until released;
+    the one in flight then runs to its end."""
+
+    def __init__(self, ip: str, port: int) -> None:
+        super().__init__(daemon=True)
+        self.ip, self.port = ip, port
+        self.streams: list[LongStream] = []
+        self.released = threading.Event()
+
+    def run(self) -> None:
+        while not self.released.is_set():
+            self.streams.append(LongStream(self.ip, self.port))
+
+
+def _deploy_while_busy(
+    args: list[str], env: dict[str, str], ip: str, ssh: SshRunner, host: str, hold_s: float
+) -> tuple[subprocess.CompletedProcess[str], list[LongStream]]:
+    """deploy ARGS while the instance is busy; the load released hold_s after the restart's
+    script is seen on the host (0: once the deploy ended), then the deploy's result and every
+    stream, each ended."""
+    busy = Busy(ip, 8080)
+    busy.start()
+    _busy(ip, 8080)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorless_deploy", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", **env},
+    )
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        if ssh(host, DRAINING, check=False).returncode == 0:
+            break
+        time.sleep(0.3)
+    if hold_s:
+        time.sleep(hold_s)
+        busy.released.set()
+    out, err = proc.communicate(timeout=600)
+    busy.released.set()
+    busy.join(timeout=600)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err), busy.streams
 
 
 def _busy(ip: str, port: int) -> None:
@@ -314,12 +362,11 @@ def test_a_busy_instance_restarts_once_idle_and_a_timeout_says_so(
     first = cli(*base, env=env)
     assert first.returncode == 0, first.stdout + first.stderr
 
-    # long streams in flight: the restart waits for them, and each ends whole
-    streams = _streams(gpu1.ip, 8080)
+    # a long stream in flight when the drain begins: the restart waits for it, each ends whole
     write_catalog(catalog, tiny_recipe(hosts_json, TINY_COMMIT, context=CONTEXTS[1]))
-    proc = cli(*base, "--serial", "1", "--drain-timeout", "300", env=env)
-    for s in streams:
-        s.join(timeout=600)
+    args = [*base, "--serial", "1", "--drain-timeout", "300"]
+    # held 3 s past the restart's start: the drain has read it busy, then waits for the last
+    proc, streams = _deploy_while_busy(args, env, gpu1.ip, ssh, gpu1.name, 3)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert all(s.finished for s in streams), [s.error for s in streams]
     said = _restart_output(json.loads(proc.stdout), "restart")
@@ -327,22 +374,18 @@ def test_a_busy_instance_restarts_once_idle_and_a_timeout_says_so(
     last = max(s.ended for s in streams)
     assert _started(ssh, gpu1.name, BASE) >= last - 1  # restarted once the last one ended
 
-    # the same with a bound too short for them: restarted anyway, and the report says so
-    streams = _streams(gpu1.ip, 8080)
+    # the same with a bound too short for it: restarted anyway, and the report says so
     write_catalog(catalog, tiny_recipe(hosts_json, TINY_COMMIT, context=CONTEXTS[2]))
-    proc = cli(*base, "--drain-timeout", "2", env=env)
-    for s in streams:
-        s.join(timeout=600)
+    args = [*base, "--drain-timeout", "2"]
+    # busy until the deploy ended: in flight when the drain's bound runs out
+    proc, streams = _deploy_while_busy(args, env, gpu1.ip, ssh, gpu1.name, 0)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said = _restart_output(json.loads(proc.stdout), "restart")
     assert "drain: restarted with 1 requests in flight after 2s (drain timeout 2s)" in said, said
-    assert not any(s.finished for s in streams)  # cut by the restart, as the report said
-
-
-def _streams(ip: str, port: int) -> list[LongStream]:
-    """STREAMS long streams sent at once, the first seen processing in /slots."""
-    streams = [LongStream(ip, port) for _ in range(STREAMS)]
-    for s in streams:
-        s.start()
-    _busy(ip, port)
-    return streams
+    started = _started(ssh, gpu1.name, BASE)
+    cut = [s for s in streams if not s.finished]
+    assert cut, "no stream was cut, yet the report said one was in flight at the restart"
+    # only what was in flight across the restart was cut: each that finished ended before the
+    # new instance started, or began once it served
+    spans = [(s.began, s.ended) for s in streams if s.finished]
+    assert all(end <= started + 1 or began >= started - 1 for began, end in spans), spans
