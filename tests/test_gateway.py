@@ -13,6 +13,8 @@ import pytest
 
 from tensorless_deploy import shell
 from tensorless_deploy.decisions.options import Flags, resolve
+from tensorless_deploy.facts.values import LABEL_PORT, DeployedUnit
+from tensorless_deploy.fleet.deploy import take_out_units
 from tensorless_deploy.hostplan.gateway import (
     CHECK_INTER_MS,
     Backend,
@@ -223,3 +225,63 @@ def test_marker() -> None:
         "url": "http://x:8000",
     }
     assert parse_marker("") == {}
+
+
+class _Door:
+    """A door that fronts some hosts and answers every call (operations.deploy.Door)."""
+
+    def __init__(self, fronted: set[str]) -> None:
+        self.fronted = fronted
+        self.calls: list[tuple[str, str, int]] = []
+
+    def fronts(self, host_name: str) -> bool:
+        return host_name in self.fronted
+
+    def take_out(self, host_name: str, port: int, timeout_s: float) -> str | None:
+        self.calls.append(("take_out", host_name, port))
+        return None if port == 8080 else "1 request(s) still in flight at the door after 5 s"
+
+    def put_back(self, host_name: str, port: int) -> str | None:
+        self.calls.append(("put_back", host_name, port))
+        return None
+
+
+def _unit(name: str, port: str | None) -> DeployedUnit:
+    labels = {LABEL_PORT: port} if port is not None else {}
+    return DeployedUnit(name, "quadlet", "active", labels, {}, None, None, 200)
+
+
+def test_a_host_no_door_fronts_is_neither_asked_nor_reported() -> None:
+    door = _Door({"gpu1"})
+    units = [_unit("a", "8080"), _unit("b", "8081"), _unit("c", None)]
+    assert take_out_units(door, "gpu2", units, 5) == ()
+    assert take_out_units(None, "gpu1", units, 5) == ()
+    assert door.calls == []
+    said = take_out_units(door, "gpu1", units, 5)
+    assert said == (
+        "a (8080): taken out",
+        "b (8081): 1 request(s) still in flight at the door after 5 s",
+        f"c: carries no {LABEL_PORT} label: not taken out of the door",
+    )
+    assert door.calls == [("take_out", "gpu1", 8080), ("take_out", "gpu1", 8081)]
+
+
+def test_deploys_door_calls_say_what_the_door_answered_and_nothing_where_none() -> None:
+    from tensorless_deploy.operations.deploy import _door_call
+
+    door = _Door({"gpu1"})
+    said: dict[str, list[str]] = {}
+    for host in ("gpu1", "gpu2"):
+        _door_call(door, said, host, 8081, 5.0)()
+        _door_call(door, said, host, 8081, None)()
+    assert said == {
+        "gpu1": ["8081: 1 request(s) still in flight at the door after 5 s", "8081: put back"]
+    }
+    assert door.calls == [("take_out", "gpu1", 8081), ("put_back", "gpu1", 8081)]
+
+
+def test_a_dry_run_asks_no_door() -> None:
+    from tensorless_deploy.fleet.deploy import door_of
+
+    with door_of([], dry=True) as door:
+        assert door is None

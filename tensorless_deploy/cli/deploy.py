@@ -121,27 +121,28 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     hosts = select_hosts(inventory, args.limit or [])
     # the token is looked up only when a host (or this machine, to push) downloads the model
     progress = FleetProgress(quiet=args.json)
-    request = DeployRequest(
-        args.model,
-        flags,
-        args.dry_run,
-        None,
-        transfer,
-        token_source=None if args.dry_run else token,
-        progress=progress if progress.tty else None,
-        source=source,
-        door=None if args.dry_run else door_of(inventory, hosts),
-        relay=args.relay,
-    )
-    try:
-        if args.serial and not args.dry_run:
-            results = roll(inventory, hosts, catalog, request, args.serial)
-            serving = serving_digests(inventory, hosts, catalog, args.model, flags)
-        else:
-            results = deploy(inventory, hosts, catalog, request)
-            serving = {}
-    finally:
-        progress.close()
+    with door_of(inventory, args.dry_run) as door:
+        request = DeployRequest(
+            args.model,
+            flags,
+            args.dry_run,
+            None,
+            transfer,
+            token_source=None if args.dry_run else token,
+            progress=progress if progress.tty else None,
+            source=source,
+            door=door,
+            relay=args.relay,
+        )
+        try:
+            if args.serial and not args.dry_run:
+                results = roll(inventory, hosts, catalog, request, args.serial)
+                serving = serving_digests(inventory, hosts, catalog, args.model, flags)
+            else:
+                results = deploy(inventory, hosts, catalog, request)
+                serving = {}
+        finally:
+            progress.close()
     by_name = {h.name: h for h in hosts}
 
     def survey(names: list[str]) -> dict[str, str | None]:

@@ -158,11 +158,11 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     flags = flags_from(args)
     inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit)
-    door = door_of(inventory, hosts)
-    if args.phase == "begin":
-        results = begin(inventory, hosts, flags, door=door)
-    else:
-        results = end(inventory, hosts, catalog, flags, door=door)
+    with door_of(inventory) as door:
+        if args.phase == "begin":
+            results = begin(inventory, hosts, flags, door=door)
+        else:
+            results = end(inventory, hosts, catalog, flags, door=door)
     benched: list[dict[str, Any]] = []
     bench_failed: list[str] = []
     if args.phase == "end" and args.runs > 0:

@@ -161,17 +161,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if args.purge:
         catalog.find(args.model)  # purging needs the recipe: which file to remove
     inventory, hosts = _hosts(args)
-    door = None if args.dry_run else door_of(inventory, hosts)
-    results = stop(
-        inventory,
-        hosts,
-        catalog,
-        args.model,
-        args.purge,
-        flags_from(args),
-        dry=args.dry_run,
-        door=door,
-    )
+    with door_of(inventory, args.dry_run) as door:
+        results = stop(
+            inventory,
+            hosts,
+            catalog,
+            args.model,
+            args.purge,
+            flags_from(args),
+            dry=args.dry_run,
+            door=door,
+        )
     return _report(args, results, "stop")
 
 
@@ -181,10 +181,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     catalog = catalog_from(args)
     inventory, hosts = _hosts(args)
-    door = None if args.dry_run else door_of(inventory, hosts)
-    results = rollback(
-        inventory, hosts, catalog, args.model, flags_from(args), dry=args.dry_run, door=door
-    )
+    with door_of(inventory, args.dry_run) as door:
+        results = rollback(
+            inventory, hosts, catalog, args.model, flags_from(args), dry=args.dry_run, door=door
+        )
     return _report(args, results, "rollback")
 
 

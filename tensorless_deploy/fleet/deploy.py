@@ -10,10 +10,11 @@ where a unit would change.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -82,12 +83,22 @@ class DeployRequest:
     relay: bool = False  # a push goes to one host, which passes it on (fleet.relay)
 
 
-def door_of(inventory: Any, hosts: Sequence[Any]) -> Door | None:
-    """The front door that fronts these hosts' instances, where the inventory has one; None:
-    no door (deploy still waits for each instance's /slots idle before its restart). The
-    finder plugs in here."""
-    del inventory, hosts
-    return None
+@contextlib.contextmanager
+def door_of(inventory: Any, dry: bool = False) -> Iterator[Door | None]:
+    """The front door of the run's hosts (fleet.gateway.FleetDoor: each host's door, as its
+    marker names it, found when one of its instances first changes; a host no door fronts is
+    changed as without one, its /slots idle wait still first); None for a dry run, which asks
+    no door. Its connections end with the block."""
+    if dry:
+        yield None
+        return
+    from tensorless_deploy.fleet.gateway import FleetDoor
+
+    door = FleetDoor(inventory)
+    try:
+        yield door
+    finally:
+        door.close()
 
 
 def unit_port(unit: DeployedUnit) -> int | None:
@@ -103,7 +114,7 @@ def take_out_units(
     """Each of a host's units that are about to stop taken out of the door, one line each on
     what it answered (nothing without a door): for stop and maintain begin, where every unit
     of the host goes and none comes back in this run."""
-    if door is None:
+    if door is None or not door.fronts(host):
         return ()
     out = []
     for u in units:

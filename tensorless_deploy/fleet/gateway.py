@@ -56,6 +56,7 @@ from tensorless_deploy.recipe.catalog import Catalog
 PACKAGE = "tensorless_deploy.fleet"
 ADMIN_TIMEOUT_S = 30
 DRAIN_POLL_S = 0.5
+READY_TIMEOUT_S = 30  # put_back: until the door's health checks see the instance UP
 
 
 @dataclass(frozen=True)
@@ -289,11 +290,25 @@ class Door:
                 return error
 
     def put_back(self, host_name: str, port: int) -> str | None:
-        """Set the instance ready at the door again (its health checks decide from there)."""
+        """Set the instance ready at the door again, then wait (at most READY_TIMEOUT_S) until
+        the door's own health checks see it UP: the next instance of a roll is taken out only
+        once this one takes requests at the door. None: UP; else what the door said last."""
         row, error = self._find(host_name, port)
         if row is None:
             return error
-        return self._admin(action="ready", pool=row.pool, server=row.server)[1]
+        rows, error = self._admin(action="ready", pool=row.pool, server=row.server)
+        started = time.monotonic()
+        while error is None:
+            now = next((r for r in rows if r.server == row.server), None)
+            if now is not None and now.status.startswith("UP"):
+                return None
+            waited = time.monotonic() - started
+            if waited >= READY_TIMEOUT_S:
+                seen = now.status if now is not None else "gone"
+                return f"set ready, yet the door says {seen} after {waited:.0f} s"
+            time.sleep(DRAIN_POLL_S)
+            rows, error = self._admin()
+        return error
 
 
 def door_of(state: Any, hosts: Sequence[Any], host_name: str) -> Door | None:
@@ -314,3 +329,47 @@ def door_of(state: Any, hosts: Sequence[Any], host_name: str) -> Door | None:
         return None
     on_each_host(state, [by_name[door]], lambda h: "", keep_connected=True, step="the door")
     return Door(state, by_name[door])
+
+
+class FleetDoor:
+    """The door of each host of a run, found when an instance there first changes (its marker
+    read then, over a connection of the door's own: a converged run never asks), for deploy,
+    rollback, stop and the maintenance window (operations.deploy.Door). Its connections are
+    its own inventory's, apart from the run's pyinfra state; close() ends them."""
+
+    def __init__(self, inventory: Any) -> None:
+        self.names_data = [(h.name, h.data.dict()) for h in inventory]
+        self.state: Any = None
+        self.hosts: list[Any] = []
+        self.doors: dict[str, Door | None] = {}
+        self.lock: Any = None
+
+    def _door(self, host_name: str) -> Door | None:
+        if self.lock is None:
+            from gevent.lock import RLock
+
+            self.lock = RLock()
+        with self.lock:
+            if host_name not in self.doors:
+                if self.state is None:
+                    from pyinfra.api.inventory import Inventory
+
+                    own = Inventory((self.names_data, {}))
+                    self.state, self.hosts = new_state(own), list(own)
+                self.doors[host_name] = door_of(self.state, self.hosts, host_name)
+            return self.doors[host_name]
+
+    def fronts(self, host_name: str) -> bool:
+        return self._door(host_name) is not None
+
+    def take_out(self, host_name: str, port: int, timeout_s: float) -> str | None:
+        door = self._door(host_name)
+        return door.take_out(host_name, port, timeout_s) if door is not None else None
+
+    def put_back(self, host_name: str, port: int) -> str | None:
+        door = self._door(host_name)
+        return door.put_back(host_name, port) if door is not None else None
+
+    def close(self) -> None:
+        if self.hosts:
+            disconnect(self.hosts)

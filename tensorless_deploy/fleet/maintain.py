@@ -217,7 +217,7 @@ def end(
 
 def _put_back(door: Door | None, e: _End, started: Sequence[str]) -> None:
     """The units that serve again after the window put back in the door."""
-    if door is None:
+    if door is None or not door.fronts(e.host):
         return
     for u in e.units:
         port = unit_port(u)

@@ -546,10 +546,14 @@ def door_around(
     lines = said.setdefault(host, [])
 
     def take_out() -> None:
+        if not door.fronts(host):
+            return
         why = door.take_out(host, port, float(options.drain_timeout))
         lines.append(f"{unit.name} ({port}): {why or 'taken out'}")
 
     def put_back() -> None:
+        if not door.fronts(host):
+            return
         lines.append(f"{unit.name} ({port}): {door.put_back(host, port) or 'put back'}")
 
     return [

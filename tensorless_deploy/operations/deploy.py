@@ -39,7 +39,10 @@ class Door(Protocol):
     """A front door before the instances (a load balancer): each instance that is about to
     change is taken out of it first, and put back once it is healthy and on its card again.
     Each call answers None (done: take_out drained it) or a line saying what it could not do;
-    the change goes on either way (the instance's own /slots idle wait still comes first)."""
+    the change goes on either way (the instance's own /slots idle wait still comes first).
+    fronts: whether a door fronts the host's instances at all (no: nothing is asked or said)."""
+
+    def fronts(self, host_name: str) -> bool: ...
 
     def take_out(self, host_name: str, port: int, timeout_s: float) -> str | None: ...
 
@@ -52,6 +55,8 @@ def _door_call(
     """One of the door's calls as a pyinfra python.call function, its answer kept in said."""
 
     def call() -> None:
+        if not door.fronts(host_name):
+            return
         if timeout_s is None:
             why, what = door.put_back(host_name, port), "put back"
         else:

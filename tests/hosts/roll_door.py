@@ -35,6 +35,9 @@ class RecordingDoor:
             {"what": what, "host": host, "port": port, "t": time.time(), "health": code}
         )
 
+    def fronts(self, host_name: str) -> bool:
+        return host_name in self.ips
+
     def take_out(self, host_name: str, port: int, timeout_s: float) -> str | None:
         self._note("take_out", host_name, port)
         return None
