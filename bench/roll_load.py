@@ -15,10 +15,14 @@ Usage (needs hosts that serve on addresses this machine reaches):
   .venv/bin/python bench/roll_load.py --url http://10.253.2.11:8080 --url http://10.253.2.11:8081 \\
       [--requests 300] [--concurrency 4] [--api-key-file F] -- \\
       .venv/bin/python -m tensorless_deploy deploy -i INV tiny --serial 1
-  .venv/bin/python bench/roll_load.py --test-hosts   (root; TL_SET=N for a host set)
+  .venv/bin/python bench/roll_load.py --test-hosts [--door]  (root; TL_SET=N for a host set)
       the tiny recipe on gpu1 (two P100 stand-ins) and gpu2 (one): three instances on two
       hosts, bound where this machine reaches them, then the load while `deploy --serial 1`
       rolls a changed recipe (another context) over all three; the hosts are reset after.
+      --door: `gateway --on gpu1` before them (HAProxy from gpu1's packages, its own key),
+      and the load during the roll goes through the door (one URL, the model named in each
+      request), deploy draining each instance there; the baseline stays straight to one.
+  --url URL --model NAME: each request names the model (a door routes by it).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
+
+DOOR_PORT = 8000  # --test-hosts --door: the door's port on gpu1
 
 
 @dataclass
@@ -71,12 +77,16 @@ class Tally:
         }
 
 
-def one(url: str, stream: bool, key: str | None, timeout: float) -> tuple[bool, str]:
+def one(
+    url: str, stream: bool, key: str | None, timeout: float, model: str | None = None
+) -> tuple[bool, str]:
     """One completion: (worked, why not)."""
     u = urllib.parse.urlsplit(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     conn = cls(u.hostname or "127.0.0.1", u.port, timeout=timeout)
-    body = {"prompt": "The quick brown fox", "max_tokens": 8, "stream": stream}
+    body: dict[str, Any] = {"prompt": "The quick brown fox", "max_tokens": 8, "stream": stream}
+    if model:
+        body["model"] = model
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -105,6 +115,7 @@ def load(
     concurrency: int,
     key: str | None,
     until: threading.Event | None = None,
+    model: str | None = None,
 ) -> Tally:
     """requests requests over concurrency workers (and, with until, on until it is set)."""
     tally = Tally()
@@ -118,7 +129,7 @@ def load(
                 if n >= requests and (until is None or until.is_set()):
                     return
             t0 = time.perf_counter()
-            ok, why = one(urls[n % len(urls)], n % 2 == 1, key, 30)
+            ok, why = one(urls[n % len(urls)], n % 2 == 1, key, 30, model)
             took = time.perf_counter() - t0
             with lock:
                 tally.add(ok, took, why)
@@ -143,7 +154,7 @@ def line(name: str, t: Tally) -> str:
     )
 
 
-def on_test_hosts(requests: int, concurrency: int, as_json: bool) -> int:
+def on_test_hosts(requests: int, concurrency: int, as_json: bool, door: bool = False) -> int:
     """The roll of three instances on two test hosts under the load (see the usage above)."""
     import os
     import tempfile
@@ -151,7 +162,7 @@ def on_test_hosts(requests: int, concurrency: int, as_json: bool) -> int:
 
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
-    from tests.hosts.fleet import cli, tiny_recipe, write_catalog, write_inventory
+    from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
     from tests.hosts.harness import apply_profile, base_dir, load_hosts, load_hosts_json
     from tests.hosts.hf_server import HFServer
     from tests.hosts.plugin import TINY_COMMIT
@@ -184,11 +195,27 @@ def on_test_hosts(requests: int, concurrency: int, as_json: bool) -> int:
             if first.returncode != 0:
                 print(first.stdout + first.stderr, file=sys.stderr)
                 return 1
-            write_catalog(catalog, tiny_recipe(hosts_json, TINY_COMMIT, context=2048))
             urls = [f"http://{gpu1.ip}:8080", f"http://{gpu1.ip}:8081", f"http://{gpu2.ip}:8080"]
+            direct = urls[0]
+            key = None
+            if door:
+                key_file = work / "door.key"
+                key_file.write_text("door-" + os.urandom(16).hex() + "\n")
+                key_file.chmod(0o600)
+                key = key_file.read_text().strip()
+                gw = ["gateway", "-i", str(inv), "--on", gpu1.name, "tiny"]
+                gw += ["--recipes", str(catalog), "--bind", "0.0.0.0", "--port", str(DOOR_PORT)]
+                made = cli(*gw, "--api-key-file", str(key_file), env=env)
+                if made.returncode != 0:
+                    print(made.stdout + made.stderr, file=sys.stderr)
+                    return 1
+                urls = [f"http://{gpu1.ip}:{DOOR_PORT}"]
+            write_catalog(catalog, tiny_recipe(hosts_json, TINY_COMMIT, context=2048))
             command = [sys.executable, "-m", "tensorless_deploy", *deploy, "--serial", "1"]
+            command += ["--json"]  # its report, with what the door did, in the bench's --json
             os.environ.update(env)
-            return run(urls, requests, concurrency, None, command, as_json)
+            model = TINY_REPO if door else None
+            return run(urls, requests, concurrency, key, command, as_json, direct, model)
         finally:
             cli("stop", "-i", str(inv), "tiny", "--recipes", str(catalog), env=env)
             apply_profile(gpu1, hosts_json_profile(hosts_json, "gpu1"))
@@ -206,11 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--api-key-file", help="the instances' API key, sent as a bearer token")
+    p.add_argument("--door", action="store_true", help="--test-hosts: through a front door")
+    p.add_argument("--model", help="the model each request names (a door routes by it)")
     p.add_argument("--json", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND: what runs meanwhile")
     args = p.parse_args(argv)
     if args.test_hosts:
-        return on_test_hosts(args.requests, args.concurrency, args.json)
+        return on_test_hosts(args.requests, args.concurrency, args.json, args.door)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or not args.url:
         p.error("give --url and, after --, the command to run during the load")
@@ -218,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.api_key_file:
         with open(args.api_key_file, encoding="utf-8") as f:
             key = f.read().strip()
-    return run(args.url, args.requests, args.concurrency, key, command, args.json)
+    return run(args.url, args.requests, args.concurrency, key, command, args.json, model=args.model)
 
 
 def run(
@@ -228,9 +257,15 @@ def run(
     key: str | None,
     command: list[str],
     as_json: bool,
+    direct: str | None = None,
+    model: str | None = None,
 ) -> int:
-    """The baseline, then the load during the command; printed."""
-    base = load(urls[:1], requests, concurrency, key)
+    """The baseline (straight to direct, keyless, else to the first URL with key), then the
+    load during the command; printed."""
+    if direct is None:
+        base = load(urls[:1], requests, concurrency, key, model=model)
+    else:
+        base = load([direct], requests, concurrency, None, model=model)
     done = threading.Event()
     t0 = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -240,22 +275,23 @@ def run(
         done.set()
 
     threading.Thread(target=wait, daemon=True).start()
-    during = load(urls, requests, concurrency, key, until=done)
+    during = load(urls, requests, concurrency, key, until=done, model=model)
     took = time.monotonic() - t0
     out = proc.stdout.read() if proc.stdout else ""
     report = {
         "command": command,
         "command_rc": proc.returncode,
         "command_s": round(took, 1),
-        "baseline": base.json() | {"url": urls[0]},
+        "baseline": base.json() | {"url": direct or urls[0]},
         "during": during.json() | {"urls": urls},
         "added_p50_ms": round((during.pct(0.5) - base.pct(0.5)) * 1000, 1),
         "added_p99_ms": round((during.pct(0.99) - base.pct(0.99)) * 1000, 1),
+        "command_output": out[-20000:],
     }
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        print(line(f"baseline, straight to {urls[0]}, nothing changing", base))
+        print(line(f"baseline, straight to {direct or urls[0]}, nothing changing", base))
         print(
             line(
                 f"during the command ({took:.0f} s, exit {proc.returncode}), "

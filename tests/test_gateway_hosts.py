@@ -304,7 +304,15 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
     assert _door(fleet, "legacy1", ["servers"]) == (DOOR, [2])
     # idle: drained at once
     assert _door(fleet, "legacy1", ["take_out", "gpu1", 8080, 5]) == (DOOR, [None])
-    body = {"model": TINY_REPO, "prompt": "Hello", "max_tokens": 2000, "stream": True}
+    # ignore_eos: the answer runs its 2000 tokens (about 11 s here), never an early end of
+    # text before the SIGSTOP below lands (half a second after its first line)
+    body = {
+        "model": TINY_REPO,
+        "prompt": "Hello",
+        "max_tokens": 2000,
+        "stream": True,
+        "ignore_eos": True,
+    }
     req = urllib.request.Request(
         f"{fleet.url}/v1/completions",
         data=json.dumps(body).encode(),
@@ -369,3 +377,39 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
     )
     assert out_after < 6
     assert not failures, failures
+
+
+def test_a_roll_through_the_door_fails_no_request(
+    hosts_json: dict[str, Any], test_hosts: dict[str, Host], clean_hosts: None
+) -> None:
+    """bench/roll_load.py --test-hosts --door: three instances on two hosts (gpu1's two cards
+    and gpu2's one) behind `gateway --on gpu1`, 300 requests at concurrency 4 (every other one
+    streamed) through the door while `deploy --serial 1` rolls a changed recipe over all
+    three, each drained at the door first (fleet.gateway.FleetDoor, found from the hosts'
+    markers): no request fails, and the report says each was taken out and put back."""
+    if "gpu2" not in test_hosts:
+        pytest.skip("needs gpu2: tests/hosts/setup.sh 3")
+    bench = Path(__file__).parent.parent / "bench" / "roll_load.py"
+    proc = subprocess.run(
+        [sys.executable, str(bench), "--test-hosts", "--door", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    print(f"\n[gateway] a roll through the door: {json.dumps(report)}")
+    assert report["command_rc"] == 0
+    during = report["during"]
+    assert during["requests"] >= 300 and during["failed"] == 0, during
+    assert report["baseline"]["failed"] == 0, report["baseline"]
+    rolled = json.loads(report["command_output"][report["command_output"].index("{") :])
+    said = {
+        h["host"]: [line for s in h["steps"] if s["name"] == "door" for line in s["output"]]
+        for h in rolled["hosts"]
+    }
+    assert said == {
+        "gpu1": ["8080: taken out", "8080: put back", "8081: taken out", "8081: put back"],
+        "gpu2": ["8080: taken out", "8080: put back"],
+    }, said
