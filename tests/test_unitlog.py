@@ -88,3 +88,27 @@ def test_a_healthy_cpu_engine_needs_no_device_line() -> None:
     out = ["x.service healthy after 2 s at http://127.0.0.1:8080/health, on its device (cpu)"]
     report = read_output(out, "cpu")
     assert report.device is not None and report.device.ok and report.why is None
+
+
+def test_a_spawn_that_failed_at_once_names_its_cause_not_the_summary() -> None:
+    # systemd logs a start task it could not spawn before its "Starting" line, then only the
+    # result (seen on a test host under load: "restart failed: ...: Failed with result
+    # 'resources'", with the cause left in the "more lines"); the lines are systemd's own
+    # formats, the unit's stop before them included
+    unit = "tensorless-tiny-p100.service"
+    what = "tensorless llama-server: tensorless-test/tiny-llama-GGUF on p100"
+    journal = [
+        f"Stopping {unit} - {what}...",
+        f"{unit}: Failed with result 'exit-code'.",
+        f"Stopped {unit} - {what}.",
+        f"{unit}: Failed to spawn executor: No such file or directory",
+        f"{unit}: Failed to spawn 'start' task: No such file or directory",
+        f"Starting {unit} - {what}...",
+        f"{unit}: Failed with result 'resources'.",
+        f"Failed to start {unit} - {what}.",
+    ]
+    at = first_error(journal)
+    assert at is not None
+    assert journal[at] == f"{unit}: Failed to spawn 'start' task: No such file or directory"
+    # a summary with no cause before it is still the first error
+    assert first_error(journal[5:]) == 1

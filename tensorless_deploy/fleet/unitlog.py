@@ -41,6 +41,9 @@ _ERROR = re.compile(
 # cause; its "runtime stderr" lines are the OCI runtime's own error
 _CONMON_WARNING = re.compile(r"<nwarn>: (?!runtime stderr)")
 _STARTING = re.compile(r"^Starting \S+\.service\b")
+# systemd's own summary of a failed start, which names no cause; and a line systemd logs for a unit
+_SUMMARY = re.compile(r"^\S+\.service: Failed with result '|^Failed to start \S+\.service\b")
+_UNIT_LINE = re.compile(r"^\S+\.service: ")
 _SINCE = re.compile(r"\((journalctl -u \S+ --since @\d+)\)")
 
 
@@ -53,16 +56,29 @@ def _block(lines: Sequence[str], start: int, row: str) -> list[str]:
     return out
 
 
+def _says_error(line: str) -> bool:
+    return (
+        not _NOISE.search(line) and not _CONMON_WARNING.search(line) and bool(_ERROR.search(line))
+    )
+
+
 def first_error(journal: Sequence[str]) -> int | None:
-    """The index of the first line that says an error, from the (first) start on."""
+    """The index of the first line that says an error, from the (first) start on. Where that
+    is only systemd's summary of the failure (``Failed with result 'resources'``), the cause is
+    the unit's own line just before the start: systemd logs a spawn that failed at once
+    (``Failed to spawn 'start' task: ...``) before its ``Starting ...`` line."""
     begin = next((i for i, line in enumerate(journal) if _STARTING.match(line)), 0)
-    for i in range(begin, len(journal)):
-        line = journal[i]
-        if _NOISE.search(line) or _CONMON_WARNING.search(line):
-            continue
-        if _ERROR.search(line):
-            return i
-    return None
+    at = next((i for i in range(begin, len(journal)) if _says_error(journal[i])), None)
+    if at is None or not _SUMMARY.search(journal[at]):
+        return at
+    before = (
+        i
+        for i in range(begin - 1, -1, -1)
+        if _UNIT_LINE.match(journal[i])
+        and _says_error(journal[i])
+        and not _SUMMARY.search(journal[i])
+    )
+    return next(before, at)
 
 
 def excerpt(journal: Sequence[str], command: str | None = None) -> tuple[list[str], str | None]:
