@@ -304,39 +304,47 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
     assert _door(fleet, "legacy1", ["servers"]) == (DOOR, [2])
     # idle: drained at once
     assert _door(fleet, "legacy1", ["take_out", "gpu1", 8080, 5]) == (DOOR, [None])
-    # ignore_eos: the answer runs its 2000 tokens (about 11 s here), never an early end of
-    # text before the SIGSTOP below lands (half a second after its first line)
-    body = {
-        "model": TINY_REPO,
-        "prompt": "Hello",
-        "max_tokens": 2000,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    req = urllib.request.Request(
-        f"{fleet.url}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {fleet.door_key}", "Content-Type": "application/json"},
-    )
-    resp = urllib.request.urlopen(req, timeout=60)
-    assert resp.readline()  # the answer has begun on legacy1 (gpu1 is drained)
-    # held mid-answer (the tiny model would finish before the door is asked): SIGSTOP
+    # one answer held in flight on legacy1 (gpu1 is drained): legacy1's server is stopped
+    # (SIGSTOP) before the request is sent, so the answer cannot finish before the door is
+    # asked (the tiny model streams 2000 tokens in about a second); the kernel still takes the
+    # connection, so the door counts the request in flight
+    body = {"model": TINY_REPO, "prompt": "Hello", "max_tokens": 64, "stream": True}
     pid = int(fleet.sh("legacy1", f"podman inspect {UNIT} --format '{{{{.State.Pid}}}}'"))
     fleet.sh("legacy1", f"kill -STOP {pid}")
-    _, (back, busy) = _door(
-        fleet, "gpu1", ["put_back", "gpu1", 8080], ["take_out", "legacy1", 8080, 1]
-    )
-    assert back is None and busy is not None and "still in flight" in busy, busy
-    assert _door_state(fleet)["legacy1_8080"][1] == 1  # the door's own count: one in flight
-    # new requests go to gpu1 while legacy1 drains (one sent to the held legacy1 would hang)
-    code, _ = _post(
-        f"{fleet.url}/v1/completions", {**body, "stream": False, "max_tokens": 4}, fleet.door_key
-    )
-    assert code == 200
-    fleet.sh("legacy1", f"kill -CONT {pid}")
-    rest = resp.read()
-    resp.close()
-    assert b"[DONE]" in rest
+    held: list[bytes] = []
+
+    def ask() -> None:
+        req = urllib.request.Request(
+            f"{fleet.url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {fleet.door_key}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(req, timeout=90) as resp:
+            held.append(resp.read())
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        _wait(lambda: _door_state(fleet)["legacy1_8080"][1] == 1, 10, "one request in flight")
+        _, (back, busy) = _door(
+            fleet, "gpu1", ["put_back", "gpu1", 8080], ["take_out", "legacy1", 8080, 1]
+        )
+        assert back is None and busy is not None and "still in flight" in busy, busy
+        assert _door_state(fleet)["legacy1_8080"][1] == 1  # the door's own count: one in flight
+        # new requests go to gpu1 while legacy1 drains (one sent to the held legacy1 would hang)
+        code, _ = _post(
+            f"{fleet.url}/v1/completions",
+            {**body, "stream": False, "max_tokens": 4},
+            fleet.door_key,
+        )
+        assert code == 200
+    finally:
+        fleet.sh("legacy1", f"kill -CONT {pid}")
+        asker.join(90)
+    assert held and b"[DONE]" in held[0], held
     _, (drained, back) = _door(
         fleet, "gpu1", ["take_out", "legacy1", 8080, 10], ["put_back", "legacy1", 8080]
     )
