@@ -285,3 +285,26 @@ def test_a_dry_run_asks_no_door() -> None:
 
     with door_of([], dry=True) as door:
         assert door is None
+
+
+def test_a_swap_on_a_host_no_door_fronts_gets_no_door_steps() -> None:
+    # rollback's swap: the door's take-out and put-back steps only where the door fronts the
+    # host; a pyinfra call reports "changed" whatever it did, so an unfronted host would show
+    # door steps that never happened (seen in day-two.md's rollback after a door existed)
+    from tensorless_deploy.decisions.options import Options
+    from tensorless_deploy.fleet.runner import Step
+    from tensorless_deploy.fleet.status import door_around
+
+    door = _Door({"gpu1"})
+    swap = Step("rollback a", lambda: None, {})
+    said: dict[str, list[str]] = {}
+    unit = _unit("a", "8080")
+    assert door_around(door, "gpu2", unit, Options(), swap, said) == [swap]
+    assert door_around(None, "gpu1", unit, Options(), swap, said) == [swap]
+    assert door_around(door, "gpu1", _unit("c", None), Options(), swap, said) == [swap]
+    steps = door_around(door, "gpu1", unit, Options(), swap, said)
+    assert [s.name for s in steps] == ["door: take out a", "rollback a", "door: put back a"]
+    for s in (steps[0], steps[2]):
+        s.kwargs["function"]()
+    assert said == {"gpu1": ["a (8080): taken out", "a (8080): put back"]}
+    assert door.calls == [("take_out", "gpu1", 8080), ("put_back", "gpu1", 8080)]

@@ -121,6 +121,15 @@ def _get(url: str, key: str | None = None) -> tuple[int, dict[str, Any]]:
         return int(exc.code), json.loads(exc.read() or b"{}")
 
 
+def _body(raw: bytes) -> dict[str, Any]:
+    """An answer's JSON, or its text where it is none (HAProxy's own 502/504 pages are HTML)."""
+    try:
+        got = json.loads(raw or b"{}")
+    except ValueError:
+        return {"text": raw.decode(errors="replace")[:200]}
+    return got if isinstance(got, dict) else {"json": got}
+
+
 def _post(url: str, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]]:
     req = urllib.request.Request(
         url,
@@ -129,9 +138,9 @@ def _post(url: str, body: dict[str, Any], key: str) -> tuple[int, dict[str, Any]
     )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
-            return int(resp.status), json.loads(resp.read())
+            return int(resp.status), _body(resp.read())
     except urllib.error.HTTPError as exc:
-        return int(exc.code), json.loads(exc.read() or b"{}")
+        return int(exc.code), _body(exc.read())
     except (urllib.error.URLError, OSError) as exc:
         return 0, {"error": str(exc)}
 
@@ -351,7 +360,8 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
     assert drained is None and back is None  # its one request finished: drained, then back
     _wait(lambda: _door_state(fleet)["legacy1_8080"][0] == "UP", 20, "legacy1 ready again")
 
-    # a backend stopped under load: out within seconds, no request failed
+    # a backend stopped under load: out within seconds; of one client's requests (one in
+    # flight at a time), only the one in flight on it when it stopped may fail
     failures: list[int] = []
     sent = [0]
     stop = threading.Event()
@@ -384,7 +394,7 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
         f"{len(failures)} of {sent[0]} requests failed meanwhile"
     )
     assert out_after < 6
-    assert not failures, failures
+    assert len(failures) <= 1, failures
 
 
 def test_a_roll_through_the_door_fails_no_request(

@@ -70,6 +70,32 @@ def _stream(host: Any, command: str, unit: str, emit: Line) -> None:
         channel.close()
 
 
+def _join_or_interrupt(greenlets: Sequence[Any]) -> None:
+    """Wait for the streams; Ctrl-C ends them all and is raised here, in the caller. Python's
+    own handler would raise KeyboardInterrupt in whatever runs when the signal lands, often
+    paramiko's transport thread (a greenlet under pyinfra's gevent), which then dies and
+    leaves its streams waiting for bytes that never come: the CLI hung after Ctrl-C."""
+    import signal
+
+    import gevent
+
+    interrupted: list[bool] = []
+
+    def on_interrupt() -> None:
+        interrupted.append(True)
+        gevent.killall(list(greenlets), block=False)
+
+    python_handler = signal.getsignal(signal.SIGINT)
+    handler = gevent.signal_handler(signal.SIGINT, on_interrupt)
+    try:
+        gevent.joinall(greenlets)
+    finally:
+        handler.cancel()  # libev puts the default action back: Python's handler again
+        signal.signal(signal.SIGINT, python_handler)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
 def logs(
     inventory: Any,
     hosts: Sequence[Any],
@@ -114,7 +140,7 @@ def logs(
 
         for g in greenlets:
             g.link_exception(closed)
-        gevent.joinall(greenlets)
+        _join_or_interrupt(greenlets)
         for host, unit, j in jobs:
             if isinstance(j.exception, BrokenPipeError):
                 raise j.exception  # the CLI ends quietly, as a filter does

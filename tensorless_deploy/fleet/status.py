@@ -541,19 +541,15 @@ def door_around(
     from tensorless_deploy.fleet.runner import Step
 
     port = unit_port(unit)
-    if door is None or port is None:
+    if door is None or port is None or not door.fronts(host):
         return [step]
     lines = said.setdefault(host, [])
 
     def take_out() -> None:
-        if not door.fronts(host):
-            return
         why = door.take_out(host, port, float(options.drain_timeout))
         lines.append(f"{unit.name} ({port}): {why or 'taken out'}")
 
     def put_back() -> None:
-        if not door.fronts(host):
-            return
         lines.append(f"{unit.name} ({port}): {door.put_back(host, port) or 'put back'}")
 
     return [
