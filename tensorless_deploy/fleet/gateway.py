@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -265,6 +265,26 @@ class Door:
             return None, f"the door on {self.host.name} fronts no instance {host_name}:{port}"
         return row, None
 
+    def _until(
+        self,
+        rows: tuple[ServerState, ...],
+        server: str,
+        done: Callable[[ServerState], bool],
+        timeout_s: float,
+    ) -> tuple[ServerState | None, float, str | None]:
+        """Read the door's stats until done(the server's row) or timeout_s has passed: the last
+        row seen (None: gone), the seconds waited, and the door's error if it stopped answering."""
+        started = time.monotonic()
+        while True:
+            now = next((r for r in rows if r.server == server), None)
+            waited = time.monotonic() - started
+            if (now is not None and done(now)) or waited >= timeout_s:
+                return now, waited, None
+            time.sleep(DRAIN_POLL_S)
+            rows, error = self._admin()
+            if error is not None:
+                return now, waited, error
+
     def take_out(self, host_name: str, port: int, timeout_s: float) -> str | None:
         """Set the instance to drain at the door (no new request goes to it) and wait, at most
         timeout_s, until the door counts none of its requests in flight. None: drained; else
@@ -275,19 +295,13 @@ class Door:
         rows, error = self._admin(action="drain", pool=row.pool, server=row.server)
         if error is not None:
             return error
-        started = time.monotonic()
-        while True:
-            now = next((r for r in rows if r.server == row.server), None)
-            if now is not None and now.current == 0:
-                return None
-            waited = time.monotonic() - started
-            if waited >= timeout_s:
-                left = now.current if now is not None else "?"
-                return f"{left} request(s) still in flight at the door after {waited:.0f} s"
-            time.sleep(DRAIN_POLL_S)
-            rows, error = self._admin()
-            if error is not None:
-                return error
+        now, waited, error = self._until(rows, row.server, lambda r: r.current == 0, timeout_s)
+        if error is not None:
+            return error
+        if now is not None and now.current == 0:
+            return None
+        left = now.current if now is not None else "?"
+        return f"{left} request(s) still in flight at the door after {waited:.0f} s"
 
     def put_back(self, host_name: str, port: int) -> str | None:
         """Set the instance ready at the door again, then wait (at most READY_TIMEOUT_S) until
@@ -297,18 +311,19 @@ class Door:
         if row is None:
             return error
         rows, error = self._admin(action="ready", pool=row.pool, server=row.server)
-        started = time.monotonic()
-        while error is None:
-            now = next((r for r in rows if r.server == row.server), None)
-            if now is not None and now.status.startswith("UP"):
-                return None
-            waited = time.monotonic() - started
-            if waited >= READY_TIMEOUT_S:
-                seen = now.status if now is not None else "gone"
-                return f"set ready, yet the door says {seen} after {waited:.0f} s"
-            time.sleep(DRAIN_POLL_S)
-            rows, error = self._admin()
-        return error
+        if error is not None:
+            return error
+
+        def up(r: ServerState) -> bool:
+            return r.status.startswith("UP")
+
+        now, waited, error = self._until(rows, row.server, up, READY_TIMEOUT_S)
+        if error is not None:
+            return error
+        if now is not None and up(now):
+            return None
+        seen = now.status if now is not None else "gone"
+        return f"set ready, yet the door says {seen} after {waited:.0f} s"
 
 
 def door_of(state: Any, hosts: Sequence[Any], host_name: str) -> Door | None:
