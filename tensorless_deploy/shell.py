@@ -26,6 +26,9 @@ from tensorless_deploy import hub
 # Every unit this tool writes is named UNIT_PREFIX + ... (recipe.catalog.unit_name), as a
 # quadlet in QUADLET_DIR or a plain service in SYSTEMD_DIR (launch.render).
 UNIT_PREFIX = "tensorless-"
+# The front door's own unit (hostplan.gateway), in SYSTEMD_DIR under the same prefix: never a
+# model's unit (those name a card), so no reader of the model units takes it for one.
+DOOR_UNIT = UNIT_PREFIX + "gateway"
 QUADLET_DIR = "/etc/containers/systemd"
 SYSTEMD_DIR = "/etc/systemd/system"
 # How long one GET of a server's /health (or /metrics) may take, everywhere: the container's own
@@ -56,6 +59,7 @@ def host_values() -> dict[str, str | int]:
     """host.sh's parameters: the Python constants it shares, as they are now."""
     return {
         "td_unit_prefix": UNIT_PREFIX,
+        "td_door_unit": DOOR_UNIT,
         "td_quadlet_dir": QUADLET_DIR,
         "td_systemd_dir": SYSTEMD_DIR,
         "td_http_max_time": HEALTH_TIMEOUT_S,

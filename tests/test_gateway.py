@@ -19,17 +19,23 @@ from tensorless_deploy.hostplan.gateway import (
     CHECK_INTER_MS,
     Backend,
     DoorPlan,
+    DoorSpec,
     Pool,
+    ServerState,
     backend_address,
     door_refusal,
+    door_word,
     error_body,
+    marker_text,
     models_body,
     parse_marker,
     parse_stats_csv,
     render_config,
     render_unit,
+    specs_of,
     version_problem,
 )
+from tensorless_deploy.hostplan.targets import Skipped, Target, door_target, jobs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "secrets"
 KEY_A = "a" * 32
@@ -225,6 +231,87 @@ def test_marker() -> None:
         "url": "http://x:8000",
     }
     assert parse_marker("") == {}
+
+
+SPEC = DoorSpec(
+    models=("org/model-a", "org/model-b"),
+    only=None,
+    port=8000,
+    bind="0.0.0.0",
+    api_key_file="/etc/keys/door.key",
+    tls_cert_file="/etc/keys/door.crt",
+    tls_key_file="/etc/keys/door.pem",
+)
+
+
+def test_a_marker_records_the_run_that_made_the_door_and_whether_it_fronts_the_host() -> None:
+    plan = _plan()
+    fronted = parse_marker(marker_text(plan, SPEC, fronted=True))
+    assert fronted["door"] == "gpu1" and fronted["fronted"] == "yes"
+    assert DoorSpec.from_json(fronted["spec"]) == SPEC
+    idle = parse_marker(marker_text(plan, SPEC, fronted=False))
+    assert idle["fronted"] == "no"
+    # a limited run keeps its hosts; a spec this version did not write is no spec
+    limited = DoorSpec(("org/model-a",), only=("gpu1", "gpu2"))
+    assert DoorSpec.from_json(limited.to_json()) == limited
+    for bad in ("", "{}", "[1]", '{"models": 3, "port": "x"}'):
+        assert DoorSpec.from_json(bad) is None, bad
+    # the door's own marker gives the spec; one without a spec (an older run) gives None
+    older = {"door": "gpu9", "url": "http://x", "fronted": "yes"}
+    newer = DoorSpec(("org/model-a",), port=9000)
+    markers = {
+        "gpu2": parse_marker(marker_text(plan, SPEC)),
+        "gpu1": parse_marker(marker_text(plan, newer)),
+        "gpu3": older,
+        "cpu1": {},
+    }
+    assert specs_of(markers) == {"gpu1": newer, "gpu9": None}
+
+
+def test_status_says_each_instance_state_at_its_door() -> None:
+    rows = (
+        ServerState("pool_0", "gpu1_8080", "UP", 0),
+        ServerState("pool_0", "gpu2_8080", "DRAIN", 2),
+        ServerState("pool_0", "gpu2_8081", "DOWN", 0),
+    )
+    assert door_word("gpu1", rows, "gpu1", 8080) == "UP at gpu1"
+    assert door_word("gpu1", rows, "gpu2", 8080) == "DRAIN at gpu1, 2 in flight"
+    assert door_word("gpu1", rows, "gpu2", 8081) == "DOWN at gpu1"
+    assert door_word("gpu1", rows, "gpu3", 8080) == "not at the door on gpu1"
+    assert door_word("gpu1", rows, "gpu1", None) == "not at the door on gpu1"
+    assert door_word("gpu1", None, "gpu1", 8080) == "gpu1: no answer"
+
+
+def test_the_door_is_a_scrape_target_with_its_own_key_file_and_certificate() -> None:
+    target = door_target("gpu1", "10.0.0.1", SPEC)
+    assert isinstance(target, Target)
+    assert (target.address, target.scheme, target.unit) == (
+        "10.0.0.1:8000",
+        "https",
+        "tensorless-gateway",
+    )
+    assert target.key_file == SPEC.api_key_file and target.ca_file == SPEC.tls_cert_file
+    made, skipped = jobs([], [target])
+    assert skipped == [] and len(made) == 1
+    config = made[0].scrape_config("door.json")
+    assert config["authorization"]["credentials_file"] == "/etc/keys/door.key"
+    assert config["tls_config"]["ca_file"] == "/etc/keys/door.crt"
+    assert "/etc/keys/door.key" not in json.dumps(made[0].file_sd())
+    # a loopback door cannot be scraped from elsewhere; an older marker says to run it again
+    local = door_target("gpu1", "10.0.0.1", DoorSpec(("org/model-a",)))
+    assert isinstance(local, Skipped) and "127.0.0.1" in local.why
+    made, skipped = jobs([], [local, door_target("gpu9", "x", None)])
+    assert made == [] and [s.host for s in skipped] == ["gpu1", "gpu9"]
+
+
+def test_the_door_logs_a_line_per_request_and_never_a_header() -> None:
+    text = render_config(_plan())
+    assert "log stdout format raw local0 info" in _section(text, "global")
+    assert "option httplog" in _section(text, "defaults")
+    assert "capture" not in text  # no header (the keys travel in headers) is ever logged
+    # the per-instance listeners and the stats page log nothing of their own
+    for head in ("listen i_gpu1_8080", "listen stats"):
+        assert "no log" in _section(text, head), head
 
 
 class _Door:

@@ -431,3 +431,99 @@ def test_a_roll_through_the_door_fails_no_request(
         "gpu1": ["8080: taken out", "8080: put back", "8081: taken out", "8081: put back"],
         "gpu2": ["8080: taken out", "8080: put back"],
     }, said
+
+
+def test_a_stop_and_a_deploy_render_the_door_again_and_day_two_sees_it(fleet: Fleet) -> None:
+    """The door follows the instances: a stop of legacy1's instance renders it without
+    legacy1, a deploy there renders it with legacy1 again, each reloaded without dropping the
+    request in flight on gpu1; status shows each instance's state at the door, targets the
+    door's own metrics, logs its lines. HAProxy comes through `prepare --gateway` here."""
+    base = ["-i", str(fleet.inventory), "--recipes", str(fleet.catalog)]
+
+    def run(*args: str) -> tuple[int, dict[str, Any], str]:
+        proc = cli("--json", *args, env=fleet.env)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+
+    fleet.sh(DOOR, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q haproxy", check=False)
+    for word in ("changed", "unchanged"):
+        rc, prepared, out = run("prepare", *base, "--limit", DOOR, "--gateway")
+        steps = {s["check"]: s["outcome"] for s in prepared["hosts"][0]["steps"]}
+        assert rc == 0 and steps["gateway.haproxy"] == word, out
+    assert fleet.sh(DOOR, "dpkg-query -W -f '${Status} ${Version}' haproxy").startswith(
+        "install ok installed 3.0"
+    )
+    rc, report, out = fleet.gateway()
+    assert rc == 0 and report["outcome"] == "changed", out
+    _wait(lambda: all(s == "UP" for s, _ in _door_state(fleet).values()), 20, "both up")
+
+    # status: every instance's state at the door
+    _, status, out = run("status", *base)
+    at_door = {h["host"]: [u["door"] for u in h["units"]] for h in status["hosts"]}
+    assert at_door == {"gpu1": ["UP at gpu1"], "legacy1": ["UP at gpu1"]}, out
+    text = cli("status", *base, env=fleet.env).stdout
+    assert "DOOR" in text and "UP at gpu1" in text, text
+    # targets: the door's own /metrics, asked with the door's key file, beside the instances'
+    rc, targets, out = run("targets", "-i", str(fleet.inventory), "-o", str(fleet.tmp / "sd"))
+    assert "jobs" in targets, out
+    door_jobs = [
+        j
+        for j in targets["jobs"]
+        if any(t["labels"]["unit"] == "tensorless-gateway" for t in j["targets"])
+    ]
+    assert len(door_jobs) == 1, out
+    assert door_jobs[0]["authorization"]["credentials_file"] == str(fleet.tmp / "door.key")
+    assert door_jobs[0]["targets"][0]["targets"] == [f"{fleet.hosts[DOOR].ip}:{DOOR_PORT}"]
+
+    # a stop of legacy1's instance: the door renders again, without it
+    rc, stopped, out = run("stop", *base, "tiny", "--limit", "legacy1")
+    assert rc == 0, out
+    assert [(d["door"], d["outcome"], d["models"]) for d in stopped["doors"]] == [
+        (DOOR, "changed", {TINY_REPO: ["gpu1:8080"]})
+    ], out
+    assert set(_door_state(fleet)) == {"gpu1_8080"}
+
+    # a request in flight on gpu1 (its server stopped, SIGSTOP, before the request is sent),
+    # while a deploy on legacy1 renders the door again with legacy1 and reloads it
+    body = {"model": TINY_REPO, "prompt": "Hello", "max_tokens": 32, "stream": True}
+    pid = int(fleet.sh(DOOR, f"podman inspect {UNIT} --format '{{{{.State.Pid}}}}'"))
+    fleet.sh(DOOR, f"kill -STOP {pid}")
+    held: list[bytes] = []
+
+    def ask() -> None:
+        req = urllib.request.Request(
+            f"{fleet.url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {fleet.door_key}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            held.append(resp.read())
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        _wait(lambda: _door_state(fleet)["gpu1_8080"][1] == 1, 10, "one request in flight")
+        rc, deployed, out = run("deploy", *base, "tiny", "--limit", "legacy1")
+    finally:
+        fleet.sh(DOOR, f"kill -CONT {pid}")
+        asker.join(120)
+    assert rc == 0, out
+    assert [(d["door"], d["outcome"]) for d in deployed["doors"]] == [(DOOR, "changed")], out
+    assert sorted(deployed["doors"][0]["models"][TINY_REPO]) == ["gpu1:8080", "legacy1:8080"]
+    # the reload dropped nothing: the answer in flight through the old worker finished
+    assert held and b"[DONE]" in held[0], held
+    _wait(lambda: all(s == "UP" for s, _ in _door_state(fleet).values()), 30, "both up again")
+    assert set(_door_state(fleet)) == {"gpu1_8080", "legacy1_8080"}
+    # a converged deploy changes no instance and leaves the door alone
+    rc, again, out = run("deploy", *base, "tiny")
+    assert rc == 0 and again["doors"] == [], out
+
+    # logs: the door's own lines, a line per request (never a key)
+    proc = cli("logs", *base, "tiny", "-n", "50", env=fleet.env)
+    door_lines = [ln for ln in proc.stdout.splitlines() if " tensorless-gateway: " in ln]
+    assert any("POST /v1/completions" in ln for ln in door_lines), proc.stdout[-3000:]
+    for k in (fleet.door_key, *fleet.backend_keys.values()):
+        assert k not in proc.stdout

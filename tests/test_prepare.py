@@ -100,6 +100,14 @@ def test_a_ready_host_gets_only_the_models_directory() -> None:
     )
 
 
+def test_gateway_adds_haproxy_after_the_host_is_ready_and_only_when_asked() -> None:
+    f = facts()
+    assert "gateway.haproxy" not in [s.check for s in prep(f).steps]
+    p = prepare_host(plan_for(f), f, ToolkitSource(), gateway=True)
+    assert [s.check for s in p.steps] == ["disk.model", "gateway.haproxy"]
+    assert "at least 2.6" in p.steps[-1].action and p.left == ()
+
+
 def test_no_toolkit_installs_it_then_generates_the_spec_for_every_gpu() -> None:
     p = prep(facts(NO_TOOLKIT))
     assert p.checks == ("toolkit.present", "toolkit.cdi", "disk.model")

@@ -480,9 +480,13 @@ def _sshd_pid(netns: str) -> int:
         ["ip", "netns", "pids", netns], capture_output=True, text=True, check=True
     ).stdout.split()
     for pid in pids:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"[listener]" in f.read() or Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
-                return int(pid)
+        try:  # a process of the guest may end between the listing and the read
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if b"[listener]" in cmdline or comm == "sshd":
+            return int(pid)
     raise AssertionError(f"no sshd in {netns}")
 
 

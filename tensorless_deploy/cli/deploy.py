@@ -107,6 +107,12 @@ def print_unit_diff(r: HostResult) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    from tensorless_deploy.cli.gateway import (
+        refresh_after,
+        refreshed_json,
+        refreshed_lines,
+        refreshed_ok,
+    )
     from tensorless_deploy.fleet.deploy import DeployRequest, deploy, door_of, roll
     from tensorless_deploy.fleet.inventory import load_inventory, select_hosts
     from tensorless_deploy.fleet.status import serving_digests
@@ -143,6 +149,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 serving = {}
         finally:
             progress.close()
+        # a change of the instances renders each door over them again (hitless reload)
+        doors = refresh_after(inventory, catalog, door, flags, results)
     by_name = {h.name: h for h in hosts}
 
     def survey(names: list[str]) -> dict[str, str | None]:
@@ -163,7 +171,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             }
             for r in results
         ]
-        emit_json({"ok": all(r.ok for r in results), "hosts": rows})
+        ok = all(r.ok for r in results) and refreshed_ok(doors)
+        emit_json({"ok": ok, "hosts": rows, "doors": refreshed_json(doors)})
     else:
         for r in results:
             print_results([r], args.verbose)
@@ -171,8 +180,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 print_unit_diff(r)
         if serving:
             print_roll(results, serving)
+        for line in refreshed_lines(doors):
+            print(line)
         print(summary(results, after, args.dry_run), file=sys.stderr)
-    return 0 if all(r.ok for r in results) else 1
+    return 0 if all(r.ok for r in results) and refreshed_ok(doors) else 1
 
 
 def register(command: Command) -> None:

@@ -19,7 +19,10 @@ from tensorless_deploy.cli.output import emit_json
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
-    from tensorless_deploy.fleet.gateway import GatewayResult
+    from tensorless_deploy.decisions.options import Flags
+    from tensorless_deploy.fleet.gateway import FleetDoor, GatewayResult, Refreshed
+    from tensorless_deploy.fleet.runner import HostResult
+    from tensorless_deploy.recipe.catalog import Catalog
 
 
 def _lines(out: GatewayResult) -> list[str]:
@@ -43,6 +46,62 @@ def _lines(out: GatewayResult) -> list[str]:
     return lines
 
 
+def _models(out: GatewayResult) -> dict[str, list[str]]:
+    return {p.model: [f"{b.host}:{b.port}" for b in p.backends] for p in out.plan.pools}
+
+
+def refresh_after(
+    inventory: object,
+    catalog: Catalog,
+    door: FleetDoor | None,
+    flags: Flags,
+    results: list[HostResult],
+) -> list[Refreshed]:
+    """After deploy or stop: the inventory's doors rendered again when the run changed a host
+    (fleet.gateway.refresh_doors); nothing for a run that changed nothing."""
+    from tensorless_deploy.fleet.gateway import refresh_doors
+
+    if door is None or not any(r.outcome == "changed" for r in results):
+        return []
+    return refresh_doors(inventory, catalog, door, flags)
+
+
+def refreshed_ok(done: list[Refreshed]) -> bool:
+    """No door failed to render again (one this controller cannot render is said, not failed)."""
+    return all(r.result is None or r.result.ok for r in done)
+
+
+def refreshed_lines(done: list[Refreshed]) -> list[str]:
+    lines = []
+    for r in done:
+        if r.result is None:
+            lines.append(f"door {r.door}: not rendered again: {r.why}")
+            continue
+        d = r.result.door
+        said = [line for s in d.steps if s.name == "gateway.door" for line in s.output] if d else []
+        outcome = d.outcome if d is not None else "?"
+        pools = "; ".join(f"{m}: {', '.join(w) or 'none'}" for m, w in _models(r.result).items())
+        lines.append(
+            f"door {r.door}: {outcome}"
+            + (f" ({d.reason})" if d is not None and d.reason else "")
+            + (f", {said[-1]}" if said and outcome == "changed" else "")
+            + f" [{pools or 'no instance'}]"
+        )
+    return lines
+
+
+def refreshed_json(done: list[Refreshed]) -> list[dict[str, object]]:
+    return [
+        {
+            "door": r.door,
+            "outcome": r.result.door.outcome if r.result and r.result.door else "not rendered",
+            "why": r.why if r.result is None else (r.result.door.reason if r.result.door else None),
+            "models": _models(r.result) if r.result is not None else {},
+        }
+        for r in done
+    ]
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     from tensorless_deploy.errors import UsageError
     from tensorless_deploy.fleet.gateway import gateway
@@ -54,7 +113,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         catalog.find(m)  # an unknown model is a usage problem before any host
     flags = access_from(args, flags_from(args))
     inventory = load_inventory(args.inventory, False, offers_local=False)
-    fronted = [h.name for h in select_hosts(inventory, args.limit or [])]
+    # --limit: the door fronts those hosts only, and so does every refresh (None: every host
+    # of the inventory, those added to it later too)
+    fronted = [h.name for h in select_hosts(inventory, args.limit)] if args.limit else None
     if args.on is None:
         raise UsageError("gateway: --on HOST is required: the inventory host the door runs on")
     out = gateway(inventory, catalog, models, args.on, flags, dry=args.dry_run, only=fronted)
@@ -64,9 +125,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                 "ok": out.ok,
                 "url": out.plan.url,
                 "host": out.plan.host,
-                "models": {
-                    p.model: [f"{b.host}:{b.port}" for b in p.backends] for p in out.plan.pools
-                },
+                "models": _models(out),
                 "skipped": [{"host": h, "why": w} for h, w in out.skipped],
                 "outcome": out.door.outcome if out.door is not None else "dry run",
             }

@@ -54,7 +54,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     flags = flags_from(args)
     inventory = load_inventory(args.inventory, False, offers_local=False)
     hosts = select_hosts(inventory, args.limit or [])
-    request = PrepareRequest(args.model, flags, toolkit, args.dry_run)
+    request = PrepareRequest(args.model, flags, toolkit, args.dry_run, gateway=args.gateway)
     results = prepare(inventory, hosts, catalog, request)
     if args.json:
         emit_json({"ok": all(r.ok for r in results), "hosts": [result_json(r) for r in results]})
@@ -102,6 +102,12 @@ def register(command: Command) -> None:
         "--toolkit-key",
         metavar="URL",
         help="its signing key (default: tensorless_toolkit_key, else REPO/gpgkey)",
+    )
+    p.add_argument(
+        "--gateway",
+        action="store_true",
+        help="also install HAProxy from the hosts' own packages (version checked), for a "
+        "front door (gateway --on HOST)",
     )
     p.add_argument("--allow-draft", action="store_true", help="accept a draft recipe")
     serving_flags(p)

@@ -22,6 +22,7 @@ from tensorless_deploy.cli.output import emit_json, paint, table
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
+    from tensorless_deploy.fleet.gateway import Refreshed
     from tensorless_deploy.fleet.runner import HostResult
     from tensorless_deploy.fleet.status import HostStatus
     from tensorless_deploy.hostplan.status import UnitStatus
@@ -47,6 +48,7 @@ STATUS_HEAD = [
     "RECIPE",
     "CODE",
     "LOAD",
+    "DOOR",
     "CARDS",
     "DRIFT",
 ]
@@ -72,6 +74,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not any(u.load or u.load_error for u in units):  # no unit serves /metrics: no column
         at = head.index("LOAD")
         head.remove("LOAD")
+        rows = [row[:at] + row[at + 1 :] for row in rows]
+    if not any(u.door for u in units):  # no door fronts a host: no column
+        at = head.index("DOOR")
+        head.remove("DOOR")
         rows = [row[:at] + row[at + 1 :] for row in rows]
     print(table(rows, head))
     word = {
@@ -110,11 +116,11 @@ def _host_rows(h: HostStatus) -> list[list[str]]:
     from tensorless_deploy.hostplan.status import cards_word
 
     if h.error:
-        return [[h.host, paint(h.state, "1;31"), "-", "-", "-", "-", "-", "-", "-", "-", h.error]]
+        return [[h.host, paint(h.state, "1;31"), *["-"] * 9, h.error]]
     cards = cards_word(h.cards)
     cards = cards if cards in ("ok", "-") else paint(cards, "1;31" if h.cards_fail else "33")
     if not h.units:
-        return [[h.host, paint(h.state, "33"), "", "", "", "", "", "", "", cards, ""]]
+        return [[h.host, paint(h.state, "33"), *[""] * 8, cards, ""]]
     return [_unit_row(h.host, u, cards) for u in h.units]
 
 
@@ -136,17 +142,34 @@ def _unit_row(host: str, u: UnitStatus, cards: str) -> list[str]:
         (u.recipe_digest or "-")[:19],
         code,
         load,
+        _door_cell(u.door),
         cards,
         drift or "no drift",
     ]
 
 
-def _report(args: argparse.Namespace, results: list[HostResult], what: str) -> int:
-    ok = all(r.ok for r in results)
+def _door_cell(door: str | None) -> str:
+    if door is None:
+        return "-"
+    return door if door.startswith("UP") else paint(door, "33")
+
+
+def _report(
+    args: argparse.Namespace,
+    results: list[HostResult],
+    what: str,
+    doors: list[Refreshed] | None = None,
+) -> int:
+    from tensorless_deploy.cli.gateway import refreshed_json, refreshed_lines, refreshed_ok
+
+    ok = all(r.ok for r in results) and refreshed_ok(doors or [])
     if args.json:
-        emit_json({"ok": ok, "hosts": [result_json(r) for r in results]})
+        rows = {"ok": ok, "hosts": [result_json(r) for r in results]}
+        emit_json(rows if doors is None else rows | {"doors": refreshed_json(doors)})
     else:
         print_results(results, max(args.verbose, 2))
+        for line in refreshed_lines(doors or []):
+            print(line)
         bad = [r.host for r in results if not r.ok]
         if bad:
             print(f"{what} failed on: {', '.join(bad)}", file=sys.stderr)
@@ -154,6 +177,7 @@ def _report(args: argparse.Namespace, results: list[HostResult], what: str) -> i
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    from tensorless_deploy.cli.gateway import refresh_after
     from tensorless_deploy.fleet.deploy import door_of
     from tensorless_deploy.fleet.status import stop
 
@@ -172,7 +196,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
             dry=args.dry_run,
             door=door,
         )
-    return _report(args, results, "stop")
+        doors = refresh_after(inventory, catalog, door, flags_from(args), results)
+    return _report(args, results, "stop", doors)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -56,6 +56,7 @@ from tensorless_deploy.hostplan.plan import HostPlan, Instance, plan_host
 from tensorless_deploy.recipe.catalog import Catalog
 
 if TYPE_CHECKING:
+    from tensorless_deploy.fleet.gateway import FleetDoor
     from tensorless_deploy.fleet.push import Progress, Source
     from tensorless_deploy.operations.deploy import Door
 
@@ -84,7 +85,7 @@ class DeployRequest:
 
 
 @contextlib.contextmanager
-def door_of(inventory: Any, dry: bool = False) -> Iterator[Door | None]:
+def door_of(inventory: Any, dry: bool = False) -> Iterator[FleetDoor | None]:
     """The front door of the run's hosts (fleet.gateway.FleetDoor: each host's door, as its
     marker names it, found when one of its instances first changes; a host no door fronts is
     changed as without one, its /slots idle wait still first); None for a dry run, which asks

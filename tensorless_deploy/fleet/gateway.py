@@ -11,6 +11,7 @@ the door's stats page on its root-only unix socket, over the SSH connection the 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from tensorless_deploy.hostplan.gateway import (
     STATS_SOCKET,
     Backend,
     DoorPlan,
+    DoorSpec,
     Pool,
     ServerState,
     backend_address,
@@ -49,8 +51,10 @@ from tensorless_deploy.hostplan.gateway import (
     render_config,
     render_unit,
     server_name,
+    specs_of,
 )
 from tensorless_deploy.hostplan.plan import plan_host
+from tensorless_deploy.hostplan.prepare import DOOR
 from tensorless_deploy.recipe.catalog import Catalog
 
 PACKAGE = "tensorless_deploy.fleet"
@@ -102,6 +106,7 @@ def _host_address(host: Any) -> str:
 class _Planned:
     pools: list[Pool] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    candidates: set[str] = field(default_factory=set)  # hosts with a card for the models
 
 
 def _pools(
@@ -113,7 +118,8 @@ def _pools(
     host_timeout: int | None = None,
 ) -> _Planned:
     """Every host planned for every model as deploy plans it (its options its inventory's: the
-    command line's --port, --bind and key are the door's); each instance a server."""
+    command line's --port, --bind and key are the door's); each planned instance whose unit is
+    deployed there a server."""
     wanted = [(m, catalog.find(m)) for m in models]
     entries = [e for _, es in wanted for e in es]
     survey_flags = Flags(host_timeout=host_timeout)
@@ -130,12 +136,18 @@ def _pools(
             plan = plan_host(s.name, s.facts, es, s.options, sizing=sizing)
             if plan.entry is None:
                 continue  # no card here for this model
+            out.candidates.add(s.name)
             if not plan.ok:
                 out.skipped.append((s.name, f"{model}: {plan.why()}"))
                 continue
             key = api_key(s.options.api_key_file) if s.options.api_key_file else None
+            tool = s.facts.tool  # what this tool put on the host (None: not known)
             for inst in plan.instances:
                 spec = inst.spec
+                if tool is not None and tool.unit(inst.name) is None:
+                    # planned, not deployed (or stopped): the door fronts what serves
+                    out.skipped.append((s.name, f"{model}: {inst.name} is not deployed"))
+                    continue
                 where, problem = backend_address(
                     door, s.name, spec.bind, spec.port, _host_address(by_name[s.name])
                 )
@@ -157,19 +169,56 @@ def plan_door(
     models: Sequence[str],
     door: str,
     flags: Flags,
-) -> tuple[DoorPlan, tuple[tuple[str, str], ...]]:
-    """The door's plan (refused as deploy refuses a keyless wide bind), and the hosts left out."""
+    *,
+    allow_empty: bool = False,
+) -> tuple[DoorPlan, _Planned]:
+    """The door's plan (refused as deploy refuses a keyless wide bind), and what was planned
+    (the hosts left out, and those with a card for the models). allow_empty: a door with no
+    instance left (a refresh after a stop) rather than a refusal."""
     options = door_options(flags)
     _refuse(options)
     if door not in {h.name for h in hosts}:
         raise UsageError(f"--on {door}: not in the inventory")
     planned = _pools(state, hosts, catalog, models, door, flags.host_timeout)
-    if not planned.pools:
+    if not planned.pools and not allow_empty:
         why = "; ".join(f"{h}: {w}" for h, w in planned.skipped) or "no instances"
         raise UsageError(f"no instance of {', '.join(models)} to front: {why}")
     key = api_key(options.api_key_file) if options.api_key_file else None
     plan = DoorPlan(door, options, tuple(planned.pools), key)
-    return plan, tuple(planned.skipped)
+    return plan, planned
+
+
+def spec_of(models: Sequence[str], flags: Flags, only: Sequence[str] | None) -> DoorSpec:
+    """What a gateway run was asked, to record (its files' paths absolute: a later run may
+    start elsewhere)."""
+
+    def path(p: str | None) -> str | None:
+        return os.path.abspath(p) if p else None
+
+    return DoorSpec(
+        models=tuple(models),
+        only=None if only is None else tuple(only),
+        port=flags.port if flags.port is not None else DEFAULT_DOOR_PORT,
+        bind=flags.bind,
+        api_key_file=path(flags.api_key_file),
+        insecure_open=bool(flags.insecure_open),
+        tls_cert_file=path(flags.tls_cert_file),
+        tls_key_file=path(flags.tls_key_file),
+    )
+
+
+def flags_of(spec: DoorSpec, run: Flags) -> Flags:
+    """The flags of the gateway run a spec records, with this run's reach (its deadline)."""
+    return Flags(
+        port=spec.port,
+        bind=spec.bind,
+        api_key_file=spec.api_key_file,
+        insecure_open=spec.insecure_open or None,
+        tls_cert_file=spec.tls_cert_file,
+        tls_key_file=spec.tls_key_file,
+        host_timeout=run.host_timeout,
+        wait_lock=run.wait_lock,
+    )
 
 
 def _door_pem(options: Options) -> str | None:
@@ -188,41 +237,45 @@ def gateway(
     *,
     dry: bool = False,
     only: Sequence[str] | None = None,
+    refresh: bool = False,
 ) -> GatewayResult:
     """Plan the door, then (unless dry) install HAProxy on the door host, write and (re)load the
-    door there, and mark each backend host with its door. only: the hosts whose instances it
-    fronts (--limit; None: every inventory host); the door host is surveyed either way."""
+    door there, and mark each host with a card for the models with its door (and this run's
+    spec: refresh_doors renders it again from that). only: the hosts whose instances it fronts
+    (--limit; None: every inventory host); the door host is surveyed either way. refresh: a
+    deploy's or a stop's re-render, where a door with no instance left is still written. Every
+    host it connects is locked for it (one change at a time per host)."""
     from tensorless_deploy.operations import gateway as ops
 
     hosts = [h for h in inventory if only is None or h.name in only or h.name == door]
-    state = new_state(inventory, flags)
+    state = new_state(inventory, flags, lock=None if dry else "gateway")
     try:
-        plan, skipped = plan_door(state, hosts, catalog, models, door, flags)
+        plan, planned = plan_door(state, hosts, catalog, models, door, flags, allow_empty=refresh)
+        skipped = tuple(planned.skipped)
         config = render_config(plan)
         if dry:
             return GatewayResult(plan, None, (), skipped, config)
+        spec = spec_of(models, flags, only)
         by_name = {h.name: h for h in hosts}
-        backend_hosts = sorted({b.host for b in plan.backends})
-        steps: dict[str, list[Step]] = {name: [] for name in backend_hosts}
+        fronted = {b.host for b in plan.backends}
+        marked = sorted(fronted | planned.candidates | {door})
+        steps: dict[str, list[Step]] = {name: [] for name in marked}
         steps[door] = [
-            Step("gateway.haproxy", ops.haproxy),
+            Step(DOOR, ops.haproxy),  # prepare --gateway's step
             Step(
                 "gateway.door",
                 ops.door,
                 {"config": config, "unit": render_unit(plan), "pem": _door_pem(plan.options)},
             ),
         ]
-        for name in backend_hosts:
+        for name in marked:
+            content = marker_text(plan, spec, fronted=name in fronted)
             steps[name].append(
-                Step(
-                    "gateway.marker",
-                    ops.marker,
-                    {"path": MARKER_PATH, "content": marker_text(plan)},
-                )
+                Step("gateway.marker", ops.marker, {"path": MARKER_PATH, "content": content})
             )
         ran = [by_name[n] for n in steps]
         results = apply_steps(state, ran, steps)
-        markers = tuple(results[n] for n in backend_hosts if n != door)
+        markers = tuple(results[n] for n in marked if n != door)
         return GatewayResult(plan, results[door], markers, skipped, config)
     finally:
         disconnect(hosts)
@@ -254,6 +307,10 @@ class Door:
     def servers(self) -> tuple[ServerState, ...]:
         """Every instance as the door sees it now (empty: the door did not answer)."""
         return self._admin()[0]
+
+    def read(self) -> tuple[tuple[ServerState, ...], str | None]:
+        """Every instance as the door sees it now, or why the door did not answer."""
+        return self._admin()
 
     def _find(self, host_name: str, port: int) -> tuple[ServerState | None, str | None]:
         rows, error = self._admin()
@@ -326,6 +383,33 @@ class Door:
         return f"set ready, yet the door says {seen} after {waited:.0f} s"
 
 
+def read_markers(state: Any, hosts: Sequence[Any]) -> dict[str, dict[str, str]]:
+    """Each host's door marker, parsed (empty: no door marks it, or it could not be read), all
+    hosts in parallel over connections kept open."""
+
+    def read(h: Any) -> tuple[bool, str]:
+        ok, out, _ = run_script(state, h, PACKAGE, "gateway-marker", 10, path=MARKER_PATH)
+        return ok, "\n".join(out)
+
+    got = on_each_host(state, hosts, read, keep_connected=True, step="the door's marker")
+    return {
+        h.name: parse_marker(r[1]) if isinstance(r, tuple) and r[0] else {}
+        for h, r in zip(hosts, got, strict=True)
+    }
+
+
+def fronting_door(marker: dict[str, str]) -> str | None:
+    """The door a host's marker says fronts its instances (None: none does)."""
+    return marker.get("door") if marker.get("fronted", "yes") != "no" else None
+
+
+def doors_named(markers: dict[str, dict[str, str]], names: set[str]) -> list[str]:
+    """The doors that front the hosts of these markers and are among names (the inventory's
+    hosts), each once, sorted."""
+    fronting = (fronting_door(m) for m in markers.values())
+    return sorted({d for d in fronting if d is not None and d in names})
+
+
 def door_of(state: Any, hosts: Sequence[Any], host_name: str) -> Door | None:
     """The door that fronts host_name's instances, as that host's marker names it (None: no
     door, or the door is not in this inventory)."""
@@ -333,13 +417,7 @@ def door_of(state: Any, hosts: Sequence[Any], host_name: str) -> Door | None:
     host = by_name.get(host_name)
     if host is None:
         return None
-
-    def read(h: Any) -> str:
-        ok, out, _ = run_script(state, h, PACKAGE, "gateway-marker", 10, path=MARKER_PATH)
-        return "\n".join(out) if ok else ""
-
-    got = on_each_host(state, [host], read, keep_connected=True, step="the door's marker")[0]
-    door = parse_marker(got).get("door") if isinstance(got, str) else None
+    door = fronting_door(read_markers(state, [host])[host_name])
     if door is None or door not in by_name:
         return None
     on_each_host(state, [by_name[door]], lambda h: "", keep_connected=True, step="the door")
@@ -353,24 +431,25 @@ class FleetDoor:
     its own inventory's, apart from the run's pyinfra state; close() ends them."""
 
     def __init__(self, inventory: Any) -> None:
+        from gevent.lock import RLock
+
         self.names_data = [(h.name, h.data.dict()) for h in inventory]
         self.state: Any = None
         self.hosts: list[Any] = []
         self.doors: dict[str, Door | None] = {}
-        self.lock: Any = None
+        self.lock = RLock()
+
+    def _connect(self) -> None:
+        if self.state is None:
+            from pyinfra.api.inventory import Inventory
+
+            own = Inventory((self.names_data, {}))
+            self.state, self.hosts = new_state(own), list(own)
 
     def _door(self, host_name: str) -> Door | None:
-        if self.lock is None:
-            from gevent.lock import RLock
-
-            self.lock = RLock()
         with self.lock:
             if host_name not in self.doors:
-                if self.state is None:
-                    from pyinfra.api.inventory import Inventory
-
-                    own = Inventory((self.names_data, {}))
-                    self.state, self.hosts = new_state(own), list(own)
+                self._connect()
                 self.doors[host_name] = door_of(self.state, self.hosts, host_name)
             return self.doors[host_name]
 
@@ -385,6 +464,74 @@ class FleetDoor:
         door = self._door(host_name)
         return door.put_back(host_name, port) if door is not None else None
 
+    def specs(self) -> dict[str, DoorSpec | None]:
+        """Every door of the inventory, as the hosts' markers record it: door host -> the spec
+        of the gateway run that made it (None: a marker without one, from an older run)."""
+        with self.lock:
+            self._connect()
+            return specs_of(read_markers(self.state, self.hosts))
+
     def close(self) -> None:
         if self.hosts:
             disconnect(self.hosts)
+            self.hosts = []
+            self.state = None
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    """One door rendered again after a change: its result, or why it was not."""
+
+    door: str
+    result: GatewayResult | None
+    why: str | None = None  # not rendered again: why, and the command that would
+
+
+def refresh_doors(
+    inventory: Any, catalog: Catalog, door: FleetDoor | None, run: Flags
+) -> list[Refreshed]:
+    """After a deploy or a stop changed hosts: every door of the inventory rendered again from
+    the host plans, as the gateway run its markers record was (a door whose instances are the
+    same is left as it is; one whose instances changed is reloaded hitlessly). A door whose
+    spec this controller cannot follow (its key file is not here, a model not in this catalog)
+    is left as it is, and says which and the command to run."""
+    if door is None:
+        return []
+    out = []
+    names = {h.name for h in inventory}
+    for host, spec in sorted(door.specs().items()):
+        again = f"run `tensorless-deploy gateway --on {host} ...` again"
+        if host not in names:
+            continue  # a door of another inventory
+        if spec is None:
+            out.append(Refreshed(host, None, f"its markers record no gateway run: {again}"))
+            continue
+        missing = [
+            f
+            for f in (spec.api_key_file, spec.tls_cert_file, spec.tls_key_file)
+            if f and not os.path.exists(f)
+        ]
+        unknown = [m for m in spec.models if not catalog.find_or_none(m)]
+        if missing or unknown:
+            why = (
+                f"{', '.join(missing)} not on this controller"
+                if missing
+                else (f"{', '.join(unknown)} not in this catalog")
+            )
+            out.append(Refreshed(host, None, f"{why}: {again}"))
+            continue
+        try:
+            result = gateway(
+                inventory,
+                catalog,
+                spec.models,
+                host,
+                flags_of(spec, run),
+                only=spec.only,
+                refresh=True,
+            )
+        except UsageError as exc:
+            out.append(Refreshed(host, None, f"{exc}: {again}"))
+            continue
+        out.append(Refreshed(host, result))
+    return out

@@ -38,6 +38,14 @@ def journal_command(unit: str, engine: str, lines: int, follow: bool) -> str:
     return shlex.join(args)
 
 
+def door_journal_command(lines: int, follow: bool) -> str:
+    """The front door's own lines (HAProxy's: a line per request, its reloads), on its host."""
+    from tensorless_deploy.hostplan.gateway import SERVICE
+
+    args = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", SERVICE]
+    return shlex.join([*args, "-f"] if follow else args)
+
+
 def _line(host: str, unit: str, raw: bytes, emit: Line) -> None:
     # llama-server's blank journal entries say nothing
     if raw.strip():
@@ -107,17 +115,35 @@ def logs(
     follow: bool = False,
     flags: Flags | None = None,
 ) -> dict[str, str]:
-    """The last `lines` journal lines of each of MODEL's units on every host (then, with follow,
-    everything new until interrupted). Returns the hosts that could not be read, with why."""
+    """The last `lines` journal lines of each of MODEL's units on every host, and of the front
+    door that fronts them (as their markers name it; its unit's name tags its lines), then, with
+    follow, everything new until interrupted. Returns the hosts that could not be read, with
+    why."""
     import gevent
     from pyinfra.api.command import StringCommand
+
+    from tensorless_deploy.fleet.connect import on_each_host
+    from tensorless_deploy.fleet.gateway import doors_named, read_markers
+    from tensorless_deploy.hostplan.gateway import SERVICE
 
     entries = catalog.find_or_none(model)
     state = new_state(inventory, flags)  # Ctrl-C and a closed pipe: quiet (fleet.connect)
     found = read_units(state, hosts)
     errors: dict[str, str] = {}
     jobs = []
+    by_name = {h.name: h for h in inventory}
     try:
+        readable = [h for h in hosts if not isinstance(found[h.name], str)]
+        named = doors_named(read_markers(state, readable), set(by_name))
+        doors = [by_name[d] for d in named]
+        reached = on_each_host(state, doors, lambda h: True, keep_connected=True, step="the door")
+        for d, ok in zip(doors, reached, strict=True):
+            if ok is not True:
+                errors[d.name] = f"the door: {ok}"
+                continue
+            cmd = host_command(state, d, StringCommand(door_journal_command(lines, follow)))
+            name = SERVICE.removesuffix(".service")
+            jobs.append((d.name, name, gevent.spawn(_stream, d, cmd, name, emit)))
         for h in hosts:
             units = found[h.name]
             if isinstance(units, str):
@@ -147,5 +173,5 @@ def logs(
             if j.exception is not None:
                 errors[host] = f"{unit}: reading the journal failed: {j.exception}"
     finally:
-        disconnect(hosts)
+        disconnect(list(inventory))
     return errors

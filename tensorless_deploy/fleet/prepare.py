@@ -67,6 +67,7 @@ class PrepareRequest:
     flags: Flags = field(default_factory=Flags)
     toolkit: Mapping[str, str | None] = field(default_factory=dict)  # version, repo, key
     dry: bool = False
+    gateway: bool = False  # also HAProxy, for a front door (prepare --gateway)
 
 
 def log_dir() -> Path:
@@ -152,7 +153,7 @@ def prepare(
                 plan = plan_host(s.name, s.facts, entries, s.options, sizing=None)
             else:
                 plan = readiness(s.name, s.facts, catalog, s.options)
-            prep = prepare_host(plan, s.facts, sources[s.name], need)
+            prep = prepare_host(plan, s.facts, sources[s.name], need, request.gateway)
             if prep.stop is not None:
                 results[s.name] = PrepareResult(s.name, "skipped", prep.stop, left=prep.left)
             else:

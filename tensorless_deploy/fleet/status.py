@@ -60,6 +60,7 @@ from tensorless_deploy.recipe.catalog import Catalog, Entry, model_paths, slug, 
 from tensorless_deploy.shell import QUADLET_DIR, SYSTEMD_DIR
 
 if TYPE_CHECKING:
+    from tensorless_deploy.hostplan.gateway import ServerState
     from tensorless_deploy.local.bench import Connect
     from tensorless_deploy.operations.deploy import Door
 
@@ -115,6 +116,9 @@ def fleet_status(
     two round trips per host (the survey the host plan needs, and the units with their files,
     health and, where a unit enables them, llama-server's metrics)."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits, HostSurvey
+    from tensorless_deploy.fleet.deploy import unit_port as deployed_port
+    from tensorless_deploy.fleet.gateway import fronting_door, read_markers
+    from tensorless_deploy.hostplan.gateway import door_word
 
     state = new_state(inventory, flags)
     options = {h.name: options_for(h, flags or Flags()) for h in hosts}
@@ -127,14 +131,50 @@ def fleet_status(
         units = DeployedUnits.typed(h.get_fact(DeployedUnits, secrets_root=SECRETS_DIR))
         return facts, units
 
-    results = on_each_host(state, hosts, read)
+    try:
+        results = on_each_host(state, hosts, read, keep_connected=True)
+        read_ok = [h for h, r in zip(hosts, results, strict=True) if not isinstance(r, str)]
+        markers = read_markers(state, read_ok)
+        at_doors = _doors(state, inventory, markers)
+    finally:
+        disconnect(list(inventory))
     out = []
     for host, r in zip(hosts, results, strict=True):
         if isinstance(r, str):
             out.append(HostStatus(host.name, r))
-        else:
-            out.append(host_status(host.name, r[0], r[1], catalog, options[host.name]))
+            continue
+        report = host_status(host.name, r[0], r[1], catalog, options[host.name])
+        door = fronting_door(markers.get(host.name, {}))
+        if door is not None and door in at_doors:
+            seen = [
+                replace(u, door=door_word(door, at_doors[door], host.name, deployed_port(d)))
+                for u, d in zip(report.units, r[1], strict=True)
+            ]
+            report = replace(report, units=tuple(seen))
+        out.append(report)
     return out
+
+
+def _doors(
+    state: Any, inventory: Any, markers: dict[str, dict[str, str]]
+) -> dict[str, tuple[ServerState, ...] | None]:
+    """Each door the markers name (one of this inventory): its servers as it sees them now
+    (None: it did not answer)."""
+    from tensorless_deploy.fleet.gateway import Door, doors_named
+
+    by_name = {h.name: h for h in inventory}
+    names = doors_named(markers, set(by_name))
+
+    def ask(h: Any) -> tuple[tuple[ServerState, ...], str | None]:
+        return Door(state, h).read()
+
+    got = on_each_host(
+        state, [by_name[n] for n in names], ask, keep_connected=True, step="the door"
+    )
+    return {
+        n: r[0] if isinstance(r, tuple) and r[1] is None else None
+        for n, r in zip(names, got, strict=True)
+    }
 
 
 def serving_digests(
@@ -339,13 +379,24 @@ def fleet_targets(
 ) -> tuple[list[Job], list[Skipped], dict[str, str]]:
     """The fleet's Prometheus scrape jobs from the units on every host (one read-only round
     trip each), the units left out and why, and the hosts that could not be read."""
-    from tensorless_deploy.hostplan.targets import HostUnits, jobs
+    from tensorless_deploy.fleet.gateway import read_markers
+    from tensorless_deploy.hostplan.gateway import specs_of
+    from tensorless_deploy.hostplan.targets import HostUnits, door_target, jobs
 
     state = new_state(inventory, flags)
+    by_name = {h.name: h for h in inventory}
     try:
         found = read_units(state, hosts, access="sudo")  # unit files: any user may read them
+        readable = [h for h in hosts if not isinstance(found[h.name], str)]
+        # the front doors over these hosts, as their markers record them
+        specs = specs_of(read_markers(state, readable))
     finally:
         disconnect(hosts)
+    doors = [
+        door_target(d, reach_name(by_name[d]), spec)
+        for d, spec in sorted(specs.items())
+        if d in by_name
+    ]
     read: list[HostUnits] = []
     errors: dict[str, str] = {}
     for h in hosts:
@@ -357,7 +408,7 @@ def fleet_targets(
         read.append(
             HostUnits(h.name, reach_name(h), units, options.api_key_file, options.tls_cert_file)
         )
-    made, skipped = jobs(read)
+    made, skipped = jobs(read, doors)
     return made, skipped, errors
 
 

@@ -17,6 +17,7 @@ The configuration holds keys: it is written root-only (operations.gateway).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from tensorless_deploy.decisions.checks import Check, api_check, is_loopback
 from tensorless_deploy.decisions.options import Options, address, reach_host
+from tensorless_deploy.shell import DOOR_UNIT, SYSTEMD_DIR
 
 # HAProxy from the host's packages: json_query and the master-worker mode as used here need
 # 2.6 (Debian 12's); Debian 13 ships 3.0.
@@ -32,8 +34,8 @@ HAPROXY_PACKAGE = "haproxy"
 HAPROXY_BIN = "/usr/sbin/haproxy"
 HAPROXY_USER = "haproxy"  # the user and group the distributions' packages make for it
 DEFAULT_DOOR_PORT = 8000
-SERVICE = "tensorless-gateway.service"
-UNIT_PATH = f"/etc/systemd/system/{SERVICE}"
+SERVICE = f"{DOOR_UNIT}.service"
+UNIT_PATH = f"{SYSTEMD_DIR}/{SERVICE}"
 CONFIG_DIR = "/etc/tensorless-gateway"
 CONFIG_PATH = f"{CONFIG_DIR}/haproxy.cfg"
 DOOR_PEM = f"{CONFIG_DIR}/door.pem"  # the door's certificate and key, one file as HAProxy reads
@@ -185,9 +187,15 @@ def render_config(plan: DoorPlan) -> str:
         f"    group {HAPROXY_USER}",
         f"    tune.bufsize {BUFFER_BYTES}",
         f"    stats socket {RUN_DIR}/admin.sock mode 600 level admin expose-fd listeners",
+        # a line per request to the journal (logs reads it): its path, status, pool, server
+        # and times, never a header (the keys travel in headers only)
+        "    log stdout format raw local0 info",
         "",
         "defaults",
         "    mode http",
+        "    log global",
+        "    option httplog",
+        "    option dontlognull",
         "    timeout connect 3s",
         "    timeout http-request 30s",
         f"    timeout client {TIMEOUT_STREAM_S}s",
@@ -248,6 +256,7 @@ def render_config(plan: DoorPlan) -> str:
         out += [
             f"listen i_{b.server}",
             f"    bind unix@{_socket(b)} mode 600 user {HAPROXY_USER} group {HAPROXY_USER}",
+            "    no log",  # the door's frontend logged the request already
         ]
         if b.key is not None:
             out.append(f"    http-request set-header Authorization {_quote('Bearer ' + b.key)}")
@@ -257,6 +266,7 @@ def render_config(plan: DoorPlan) -> str:
     out += [
         "listen stats",
         f"    bind unix@{STATS_SOCKET} mode 600",
+        "    no log",
         "    stats enable",
         "    stats uri /",
         "    stats admin if TRUE",
@@ -316,9 +326,62 @@ def version_problem(text: str) -> str | None:
     return None
 
 
-def marker_text(plan: DoorPlan) -> str:
-    """What each backend host records about its door."""
-    return f"door={plan.host}\nurl={plan.url}\n"
+@dataclass(frozen=True)
+class DoorSpec:
+    """What a gateway run was asked (its models, --limit and the door's own flags, file paths
+    absolute): recorded in the markers, so that a deploy or a stop that changes the instances
+    renders the door again as that run would (fleet.gateway.refresh_doors)."""
+
+    models: tuple[str, ...]
+    only: tuple[str, ...] | None = None  # the hosts it fronts (--limit; None: every host)
+    port: int = DEFAULT_DOOR_PORT
+    bind: str | None = None
+    api_key_file: str | None = None
+    insecure_open: bool = False
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DoorSpec | None:
+        """The spec a marker records (None: none, or not one this version wrote)."""
+        try:
+            raw = json.loads(text)
+            only = raw.get("only")
+            return cls(
+                models=tuple(str(m) for m in raw["models"]),
+                only=None if only is None else tuple(str(h) for h in only),
+                port=int(raw["port"]),
+                bind=raw.get("bind"),
+                api_key_file=raw.get("api_key_file"),
+                insecure_open=bool(raw.get("insecure_open")),
+                tls_cert_file=raw.get("tls_cert_file"),
+                tls_key_file=raw.get("tls_key_file"),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+
+def specs_of(markers: dict[str, dict[str, str]]) -> dict[str, DoorSpec | None]:
+    """Every door the hosts' markers name: door host -> the spec of the gateway run that made
+    it, the door host's own marker's first (the newest run wrote it; None: markers without a
+    spec, from an older run)."""
+    out: dict[str, DoorSpec | None] = {}
+    for _host, m in sorted(markers.items(), key=lambda kv: kv[1].get("door") != kv[0]):
+        door = m.get("door")
+        if door and out.get(door) is None:
+            out[door] = DoorSpec.from_json(m["spec"]) if "spec" in m else None
+    return out
+
+
+def marker_text(plan: DoorPlan, spec: DoorSpec | None = None, fronted: bool = True) -> str:
+    """What a host records about its door: the door's host and URL, whether the door fronts
+    this host's instances now (a host with a card for its models that serves none of them is
+    marked too, so that its next deploy joins the door), and the run's spec."""
+    text = f"door={plan.host}\nurl={plan.url}\nfronted={'yes' if fronted else 'no'}\n"
+    return text + (f"spec={spec.to_json()}\n" if spec is not None else "")
 
 
 def parse_marker(text: str) -> dict[str, str]:
@@ -358,3 +421,17 @@ def parse_stats_csv(text: str) -> tuple[ServerState, ...]:
         cur = row[col["scur"]]
         out.append(ServerState(px, sv, row[col["status"]], int(cur) if cur.isdigit() else 0))
     return tuple(out)
+
+
+def door_word(door: str, rows: Sequence[ServerState] | None, host: str, port: int | None) -> str:
+    """One instance's state at its door, as status shows it: the door's own status of it
+    (UP, DOWN, DRAIN, MAINT) and its requests in flight there. rows None: the door did not
+    answer."""
+    if rows is None:
+        return f"{door}: no answer"
+    name = server_name(host, port) if port is not None else None
+    row = next((r for r in rows if r.server == name), None)
+    if row is None:
+        return f"not at the door on {door}"
+    busy = f", {row.current} in flight" if row.current else ""
+    return f"{row.status} at {door}{busy}"

@@ -43,7 +43,8 @@ CHAR_LINKS = "gpu.char_links"
 SELINUX = "selinux.devices"
 MODELS = "disk.model"
 DRIVER_LOCK = "driver.lock"
-STEP_ORDER = (ENGINE, TOOLKIT, CDI, UVM, CHAR_LINKS, SELINUX, MODELS, DRIVER_LOCK)
+DOOR = "gateway.haproxy"  # prepare --gateway, and the first step of every gateway run
+STEP_ORDER = (ENGINE, TOOLKIT, CDI, UVM, CHAR_LINKS, SELINUX, MODELS, DOOR, DRIVER_LOCK)
 # A failed check among these means the host cannot serve at all (or this login cannot change
 # it): prepare changes nothing there.
 DRIVER_CHECKS = (
@@ -201,10 +202,15 @@ def _left_why(c: Check) -> str:
 
 
 def prepare_host(
-    plan: HostPlan, facts: HostFacts, toolkit: ToolkitSource, need: str = "any"
+    plan: HostPlan,
+    facts: HostFacts,
+    toolkit: ToolkitSource,
+    need: str = "any",
+    gateway: bool = False,
 ) -> HostPrep:
     """The steps for one host's plan (readiness or a model's), in STEP_ORDER, and the checks
-    left to the operator. need: the drivers the recipes need (``driver_need``)."""
+    left to the operator. need: the drivers the recipes need (``driver_need``). gateway: the
+    host is to run a front door (HAProxy from its packages, version checked)."""
     checks = plan.verdict.checks
     bad = [c for c in checks if c.status != "ok"]
     stops = [c for c in bad if c.status == "fail" and c.id in STOPS]
@@ -266,8 +272,16 @@ def prepare_host(
         + (f", SELinux type {MODELS_LABEL}" if enforcing else ""),
         {"path": models, "selinux_label": enforcing},
     )
+    if gateway:
+        from tensorless_deploy.hostplan.gateway import MIN_HAPROXY
+
+        steps[DOOR] = Step(
+            DOOR,
+            "HAProxy from the host's own packages (apt or dnf), at least "
+            f"{'.'.join(map(str, MIN_HAPROXY))}, for a front door (gateway)",
+        )
     ordered = tuple(steps[c] for c in STEP_ORDER if c in steps)
-    return HostPrep(plan.host, ordered, _left(bad, set(steps) - {MODELS}, engine_docker))
+    return HostPrep(plan.host, ordered, _left(bad, set(steps) - {MODELS, DOOR}, engine_docker))
 
 
 def driver_lock_step(facts: HostFacts) -> Step | None:

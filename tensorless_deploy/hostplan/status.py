@@ -125,6 +125,7 @@ class UnitStatus:
         return "PTX only" if "only PTX" in c.evidence else c.status.upper()
 
     device: str | None = None  # what it runs on, as its start log says (None: not known)
+    door: str | None = None  # its state at the front door that fronts its host (None: none)
 
     def json(self) -> dict[str, Any]:
         return {
@@ -147,6 +148,7 @@ class UnitStatus:
             if self.engine_code is None
             else {"status": self.engine_code.status, "evidence": self.engine_code.evidence},
             "device": self.device,
+            "door": self.door,
             "drift": [
                 {"field": d.field, "deployed": d.deployed, "wanted": d.wanted} for d in self.drift
             ],

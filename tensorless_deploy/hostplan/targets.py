@@ -17,7 +17,7 @@ import ipaddress
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorless_deploy.decisions.checks import is_loopback
 from tensorless_deploy.decisions.options import DEFAULT_BIND, address
@@ -29,6 +29,9 @@ from tensorless_deploy.facts.values import (
     DeployedUnit,
 )
 from tensorless_deploy.launch.spec import LABEL_AUTH, LABEL_METRICS, LABEL_TLS
+
+if TYPE_CHECKING:
+    from tensorless_deploy.hostplan.gateway import DoorSpec
 
 JOB_PREFIX = "tensorless"
 METRICS_PATH = "/metrics"
@@ -163,11 +166,43 @@ def host_targets(h: HostUnits) -> tuple[list[Target], list[Skipped]]:
     return targets, skipped
 
 
-def jobs(hosts: Iterable[HostUnits]) -> tuple[list[Job], list[Skipped]]:
+def door_target(host: str, reach: str, spec: DoorSpec | None) -> Target | Skipped:
+    """The front door on host (reached at reach) as a target: HAProxy's own Prometheus
+    endpoint at the door's address, asked with the door's key (its gateway run's files)."""
+    from tensorless_deploy.hostplan.gateway import SERVICE
+
+    unit = SERVICE.removesuffix(".service")
+    if spec is None:
+        return Skipped(host, unit, "its markers record no gateway run: run gateway again")
+    bind = spec.bind or DEFAULT_BIND
+    where = scrape_address(bind, spec.port, reach)
+    if where is None:
+        return Skipped(
+            host, unit, f"the door is bound to {bind}: no other machine reaches it (--bind)"
+        )
+    tls = spec.tls_cert_file is not None
+    return Target(
+        host=host,
+        unit=unit,
+        model=",".join(spec.models),
+        card="",
+        address=where,
+        scheme="https" if tls else "http",
+        key_file=spec.api_key_file,
+        ca_file=spec.tls_cert_file if tls else None,
+    )
+
+
+def jobs(
+    hosts: Iterable[HostUnits], doors: Iterable[Target | Skipped] = ()
+) -> tuple[list[Job], list[Skipped]]:
     """The fleet's scrape jobs (in a stable order and with stable names: the same inventory and
-    units give the same files) and the units left out."""
+    units give the same files) and the units left out; doors: the front doors' targets."""
     groups: dict[tuple[str, str | None, str | None], list[Target]] = {}
-    skipped: list[Skipped] = []
+    skipped: list[Skipped] = [d for d in doors if isinstance(d, Skipped)]
+    found_doors = [d for d in doors if isinstance(d, Target)]
+    for t in found_doors:
+        groups.setdefault((t.scheme, t.key_file, t.ca_file), []).append(t)
     for h in hosts:
         found, left = host_targets(h)
         skipped += left

@@ -48,6 +48,7 @@ from tensorless_deploy.facts.pyinfra import FileSha256
 from tensorless_deploy.hostplan.prepare import (
     CDI,
     CHAR_LINKS,
+    DOOR,
     DRIVER_LOCK,
     ENGINE,
     MODELS,
@@ -58,6 +59,7 @@ from tensorless_deploy.hostplan.prepare import (
     HostPrep,
 )
 from tensorless_deploy.operations._run import Commands, script
+from tensorless_deploy.operations.gateway import haproxy
 
 # NVIDIA's own names (its install guide), so a host set up by hand by that guide is already right.
 TOOLKIT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
@@ -498,6 +500,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     CHAR_LINKS: char_links,
     SELINUX: selinux_devices,
     MODELS: models_dir,
+    DOOR: haproxy,
     DRIVER_LOCK: driver_lock,
 }
 

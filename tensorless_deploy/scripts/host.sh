@@ -2,10 +2,10 @@
 # What every host program shares with the Python side (tensorless_deploy.shell): prepended to a
 # script that says "# needs: host.sh", with these values bound from the Python constants
 # (shell.host_values): the unit files' directories and name prefix (shell.QUADLET_DIR,
-# SYSTEMD_DIR, UNIT_PREFIX), the time bound of one GET of a server (shell.HEALTH_TIMEOUT_S) and
+# SYSTEMD_DIR, UNIT_PREFIX; the front door's unit, DOOR_UNIT, is not a model's), the time bound of one GET of a server (shell.HEALTH_TIMEOUT_S) and
 # the verification stamp's stat format (hub.STAMP_STAT).
 : "${td_unit_prefix:?}" "${td_quadlet_dir:?}" "${td_systemd_dir:?}" "${td_http_max_time:?}"
-: "${td_stamp_stat:?}"
+: "${td_stamp_stat:?}" "${td_door_unit:?}"
 
 hashit() {  # OpenSSL where the host has it: six times faster than coreutils sha256sum
   (openssl dgst -sha256 -r "$1" 2>/dev/null || sha256sum "$1") | cut -d" " -f1

@@ -20,6 +20,7 @@ read_units() {
   for f in "$td_quadlet_dir/$td_unit_prefix"*.container "$td_systemd_dir/$td_unit_prefix"*.service; do
     [ -f "$f" ] || continue
     b=$(basename "$f"); n=${b%.*}
+    [ "$n" = "$td_door_unit" ] && continue  # the front door's: no model's unit
     case "$f" in *.container) k=quadlet;; *) k=service;; esac
     echo "@@unit $n $k $f"
     active=$(systemctl is-active "$n.service" 2>/dev/null)
