@@ -5,6 +5,7 @@ validator of the text (tests/test_gateway_hosts.py); these pin what the text mus
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -23,6 +24,7 @@ from tensorless_deploy.hostplan.gateway import (
     Pool,
     ServerState,
     backend_address,
+    ca_path,
     door_refusal,
     door_word,
     error_body,
@@ -56,7 +58,7 @@ def _plan(key: str | None = DOOR_KEY, tls: bool = False, **flags: object) -> Doo
             "org/model-a",
             (
                 Backend("gpu1", 8080, "127.0.0.1:8080", KEY_A, False),
-                Backend("gpu2", 8081, "10.0.0.2:8081", KEY_B, True),
+                Backend("gpu2", 8081, "10.0.0.2:8081", KEY_B, True, ca_path("gpu2", 8081), "PEM"),
             ),
         ),
         Pool("org/model-b", (Backend("gpu3", 8080, "10.0.0.3:8080", None, False),)),
@@ -102,7 +104,13 @@ def test_every_instance_gets_its_own_key_and_only_its_own() -> None:
     assert f"http-request set-header Authorization 'Bearer {KEY_A}'" in a
     assert KEY_B not in "\n".join(a) and KEY_A not in "\n".join(b)
     assert "http-request del-header Authorization" in c  # the door's key never goes on
-    assert any(s.endswith("10.0.0.2:8081 ssl verify none") for s in b)  # TLS to that instance
+    # TLS to that instance, verified by its own certificate, never "verify none"
+    ca = "/etc/tensorless-gateway/ca/gpu2_8081.pem"
+    assert any(s.endswith(f"10.0.0.2:8081 ssl verify required ca-file {ca}") for s in b)
+    assert "verify none" not in text
+    unverified = Pool("org/x", (Backend("gpu4", 8080, "10.0.0.4:8080", None, True),))
+    with pytest.raises(ValueError, match="no certificate to verify it by"):
+        render_config(dataclasses.replace(_plan(), pools=(unverified,)))
     assert "retries 0" in a  # a refused connection is the pool's to retry elsewhere
     # each listener on its own unix socket, which only HAProxy's workers may use
     assert any(s.startswith("bind unix@") and "mode 600" in s for s in a)

@@ -44,6 +44,7 @@ from tensorless_deploy.hostplan.gateway import (
     Pool,
     ServerState,
     backend_address,
+    ca_path,
     door_refusal,
     marker_text,
     parse_marker,
@@ -154,7 +155,16 @@ def _pools(
                 if where is None:
                     out.skipped.append((s.name, problem or "unreachable from the door"))
                     continue
-                backends.append(Backend(s.name, spec.port, where, key, spec.tls))
+                ca_file, ca_pem = None, None
+                if spec.tls:  # verified by its own certificate (the inventory's)
+                    try:
+                        ca_pem = pem_text(s.options.tls_cert_file or "", "certificate")
+                        ca_pem += "" if ca_pem.endswith("\n") else "\n"  # as it is written
+                    except ValueError as exc:
+                        out.skipped.append((s.name, f"{model}: no certificate to verify: {exc}"))
+                        continue
+                    ca_file = ca_path(s.name, spec.port)
+                backends.append(Backend(s.name, spec.port, where, key, spec.tls, ca_file, ca_pem))
         if backends:
             out.pools.append(Pool(alias, tuple(backends)))
         else:
@@ -265,7 +275,12 @@ def gateway(
             Step(
                 "gateway.door",
                 ops.door,
-                {"config": config, "unit": render_unit(plan), "pem": _door_pem(plan.options)},
+                {
+                    "config": config,
+                    "unit": render_unit(plan),
+                    "pem": _door_pem(plan.options),
+                    "cas": {b.ca_file: b.ca_pem for b in plan.backends if b.ca_file and b.ca_pem},
+                },
             ),
         ]
         for name in marked:

@@ -39,6 +39,9 @@ UNIT_PATH = f"{SYSTEMD_DIR}/{SERVICE}"
 CONFIG_DIR = "/etc/tensorless-gateway"
 CONFIG_PATH = f"{CONFIG_DIR}/haproxy.cfg"
 DOOR_PEM = f"{CONFIG_DIR}/door.pem"  # the door's certificate and key, one file as HAProxy reads
+# each TLS instance's own certificate (the inventory's tensorless_tls_cert_file), which the door
+# verifies it by
+CA_DIR = f"{CONFIG_DIR}/ca"
 RUN_DIR = "/run/tensorless-gateway"  # systemd's RuntimeDirectory: root's, nobody may list it
 # the per-instance listeners' sockets: a directory only root and HAProxy's group may enter
 BACKEND_DIR = f"{RUN_DIR}/backends"
@@ -70,6 +73,7 @@ class Backend:
     key: str | None  # the instance's own API key (None: it asks none)
     tls: bool  # it serves TLS
     ca_file: str | None = None  # on the door host: the instance's certificate, to verify it
+    ca_pem: str | None = None  # that certificate's text (gateway writes it to ca_file)
 
     @property
     def server(self) -> str:
@@ -113,6 +117,11 @@ class DoorPlan:
 
 def server_name(host: str, port: int) -> str:
     return f"{_NAME.sub('_', host)}_{port}"
+
+
+def ca_path(host: str, port: int) -> str:
+    """Where the door host keeps a TLS instance's certificate."""
+    return f"{CA_DIR}/{server_name(host, port)}.pem"
 
 
 def backend_address(
@@ -250,8 +259,10 @@ def render_config(plan: DoorPlan) -> str:
         out.append("")
     for b in plan.backends:
         tls = ""
-        if b.tls:
-            tls = f" ssl verify required ca-file {b.ca_file}" if b.ca_file else " ssl verify none"
+        if b.tls:  # verified by its own certificate, never "verify none"
+            if b.ca_file is None:
+                raise ValueError(f"{b.server} serves TLS, and no certificate to verify it by")
+            tls = f" ssl verify required ca-file {b.ca_file}"
         # HAProxy's workers run as its package's user: only they (and root) may connect
         out += [
             f"listen i_{b.server}",

@@ -78,12 +78,14 @@ def haproxy(package: str = HAPROXY_PACKAGE) -> Commands:
 
 
 @operation()
-def door(config: str, unit: str, pem: str | None = None) -> Commands:
+def door(
+    config: str, unit: str, pem: str | None = None, cas: dict[str, str] | None = None
+) -> Commands:
     """
-    The door on this host: its configuration, certificate and unit, running.
+    The door on this host: its configuration, certificates and unit, running.
 
-    The configuration and the certificate (with its key) are written root-only, mode 0600,
-    only when their sha256 differs; a new configuration replaces the live one only once
+    The configuration and the certificates (the door's with its key, each TLS instance's, which
+    the door verifies it by) are written root-only, mode 0600, only when their sha256 differs; a new configuration replaces the live one only once
     ``haproxy -c`` accepts it. The unit is started when it is not running, restarted when the
     unit itself changed, else reloaded when the configuration changed (a new worker; the old
     one finishes its connections).
@@ -91,6 +93,7 @@ def door(config: str, unit: str, pem: str | None = None) -> Commands:
     + config: haproxy.cfg (hostplan.gateway.render_config)
     + unit: the systemd unit (hostplan.gateway.render_unit)
     + pem: the door's certificate chain and private key, one PEM (None: no TLS)
+    + cas: each TLS instance's certificate, by its path on this host (hostplan.gateway.ca_path)
 
     **Example:**
 
@@ -109,14 +112,21 @@ def door(config: str, unit: str, pem: str | None = None) -> Commands:
     config_changed = host.get_fact(FileSha256, path=CONFIG_PATH) != _sha(config)
     pem_changed = pem is not None and host.get_fact(FileSha256, path=DOOR_PEM) != _sha(pem)
     unit_changed = host.get_fact(FileSha256, path=UNIT_PATH) != _sha(unit)
+    cas_changed = {
+        path: text
+        for path, text in (cas or {}).items()
+        if host.get_fact(FileSha256, path=path) != _sha(text)
+    }
     running = host.get_fact(SystemdStatus, services=SERVICE).get(SERVICE, False)
-    if not (config_changed or pem_changed or unit_changed) and running:
+    if not (config_changed or pem_changed or unit_changed or cas_changed) and running:
         host.noop(f"{SERVICE}: unchanged, running")
         return
     if pem is not None and pem_changed:
         yield secret_command(DOOR_PEM, pem)
+    for path, text in sorted(cas_changed.items()):
+        yield secret_command(path, text)
     # a new certificate alone is read by a reload too: the same configuration, checked again
-    new = staged if config_changed or pem_changed else ""
+    new = staged if config_changed or pem_changed or cas_changed else ""
     if new:
         yield secret_command(new, config)
     if unit_changed:
