@@ -85,10 +85,10 @@ def door(
     The door on this host: its configuration, certificates and unit, running.
 
     The configuration and the certificates (the door's with its key, each TLS instance's, which
-    the door verifies it by) are written root-only, mode 0600, only when their sha256 differs; a new configuration replaces the live one only once
-    ``haproxy -c`` accepts it. The unit is started when it is not running, restarted when the
-    unit itself changed, else reloaded when the configuration changed (a new worker; the old
-    one finishes its connections).
+    the door verifies it by) are written root-only, mode 0600, only when their sha256 differs;
+    a new configuration replaces the live one only once ``haproxy -c`` accepts it. The unit is
+    started when it is not running, restarted when the unit itself changed, else reloaded when
+    the configuration changed (a new worker; the old one finishes its connections).
 
     + config: haproxy.cfg (hostplan.gateway.render_config)
     + unit: the systemd unit (hostplan.gateway.render_unit)
