@@ -227,21 +227,10 @@ def prepare_host(
             f"NVIDIA Container Toolkit {toolkit.describe()} (signing key {toolkit.key_url})",
             {"repo_url": toolkit.repo, "key_url": toolkit.key_url, "version": toolkit.version},
         )
-    gpus_ok = facts.gpus.state == "ok" and facts.driver_version is not None
-    needs_cdi = CDI in failed or (TOOLKIT in failed and not engine_docker)
-    if needs_cdi and gpus_ok:
-        uuids = (
-            plan.verdict.match.uuids
-            if plan.verdict.match is not None
-            else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)
-        )
-        steps[CDI] = Step(
-            CDI,
-            f"CDI spec generated for driver {facts.driver_version}, kept fresh after driver "
-            "changes (the toolkit's nvidia-cdi-refresh units where it ships them, else "
-            "tensorless-cdi-refresh.path), conflicting nvidia.com/gpu specs moved aside",
-            {"driver_version": facts.driver_version, "gpu_uuids": uuids},
-        )
+    if CDI in failed or (TOOLKIT in failed and not engine_docker):
+        cdi = _cdi_step(plan, facts)
+        if cdi is not None:
+            steps[CDI] = cdi
     if UVM in failed:
         steps[UVM] = Step(
             UVM,
@@ -282,6 +271,25 @@ def prepare_host(
         )
     ordered = tuple(steps[c] for c in STEP_ORDER if c in steps)
     return HostPrep(plan.host, ordered, _left(bad, set(steps) - {MODELS, DOOR}, engine_docker))
+
+
+def _cdi_step(plan: HostPlan, facts: HostFacts) -> Step | None:
+    """The CDI spec for the cards the plan serves on (every card for readiness); None where
+    the driver cannot say which cards there are."""
+    if facts.gpus.state != "ok" or facts.driver_version is None:
+        return None
+    uuids = (
+        plan.verdict.match.uuids
+        if plan.verdict.match is not None
+        else tuple(g.uuid for g in facts.gpus.gpus if g.uuid)
+    )
+    return Step(
+        CDI,
+        f"CDI spec generated for driver {facts.driver_version}, kept fresh after driver "
+        "changes (the toolkit's nvidia-cdi-refresh units where it ships them, else "
+        "tensorless-cdi-refresh.path), conflicting nvidia.com/gpu specs moved aside",
+        {"driver_version": facts.driver_version, "gpu_uuids": uuids},
+    )
 
 
 def driver_lock_step(facts: HostFacts) -> Step | None:
