@@ -88,3 +88,25 @@ def test_the_hop_key_is_one_command_from_one_address() -> None:
         'restrict,from="10.0.0.5",command="sudo -H -n sh -c \'sh \\"/run/x\\"\'" '
     )
     assert line.endswith(public)
+
+
+def test_with_a_host_that_held_it_before_the_controller_sends_nothing() -> None:
+    report = _run(Hosts(), [f"h{i}" for i in range(6)], holders=["old"])
+    assert sorted(report.done) == [f"h{i}" for i in range(6)] and not report.failed
+    assert report.controller_bytes == 0
+    assert CONTROLLER not in {h.sender for h in report.hops}
+    assert report.hops[0].sender == "old"
+
+
+def test_the_controller_fetches_its_copy_only_when_it_has_to_send() -> None:
+    fetched: list[int] = []
+
+    def fetch() -> Path:
+        fetched.append(1)
+        return Path("/dev/null")
+
+    copy = Copy("model", fetch, "0" * 64, 10, {"a": "/p"}, held={"old": ("/b", "/s")})
+    assert copy.source_of("old") == ("/b", "/s") and copy.source_of("a") == ("/p", "")
+    assert fetched == []
+    assert copy.controller_file() == copy.controller_file() == Path("/dev/null")
+    assert fetched == [1]

@@ -106,6 +106,37 @@ def test_relay_sends_each_byte_once_and_leaves_no_access(
         assert TINY_REPO in answer, name
 
 
+def test_a_host_that_holds_the_model_seeds_the_relay_and_the_controller_sends_none(
+    setting: dict[str, Any], hosts_json: dict[str, Any], test_hosts: dict[str, Host], ssh: SshRunner
+) -> None:
+    """gpu1 downloaded the model itself (an earlier deploy); gpu3 and legacy1, with
+    tensorless_relay = true in the inventory (no flag), get it from gpu1 or from each other:
+    the controller sends no byte of the model (it never even fetches it), and each host serves.
+    """
+    first = cli(
+        "deploy", "-i", str(setting["inv"]), "tiny", "--recipes", str(setting["cat"]), "--json",
+        "--limit", "gpu1", env=setting["env"],
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout + first.stderr
+    data = {n: {"tensorless_relay": True} for n in HOSTS}
+    inv = write_inventory(setting["tmp"] / "relay.py", [test_hosts[n] for n in HOSTS], data=data)
+    argv = [a for a in _argv(setting) if a != "--relay"]
+    argv[argv.index(str(setting["inv"]))] = str(inv)
+    proc = cli(*argv, env=setting["env"])
+    hosts = _hosts(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    size = hosts_json["tiny_gguf"]["size"]
+    senders = {n: _senders(h["transfer"], "model") for n, h in hosts.items() if n != "gpu1"}
+    assert all(len(s) == 1 and s[0] in HOSTS for s in senders.values()), senders
+    assert "gpu1" in {s[0] for s in senders.values()}, senders
+    for name in senders:
+        assert f"sent {size} bytes" in hosts[name]["transfer"], hosts[name]["transfer"]
+        answer = ssh(name, "curl -fsS http://127.0.0.1:8080/v1/models").stdout
+        assert TINY_REPO in answer, name
+    # this machine never fetched the model: its Hub cache holds no blob of it
+    assert not list((setting["tmp"] / "hub").glob("models--*/blobs/*")), "fetched"
+
+
 def _nft(host: Host, *words: str, check: bool = True) -> None:
     subprocess.run(["ip", "netns", "exec", host.netns, "nft", *words], check=check)
 

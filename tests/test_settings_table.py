@@ -39,6 +39,7 @@ VALUES: dict[str, object] = {
     "wait_lock": 5,
     "cors_origins": "https://ui.example.net",
     "drain_timeout": 30,
+    "relay": True,
 }
 
 

@@ -138,7 +138,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             progress=progress if progress.tty else None,
             source=source,
             door=door,
-            relay=args.relay,
         )
         try:
             if args.serial and not args.dry_run:
@@ -208,8 +207,9 @@ def register(command: Command) -> None:
     p.add_argument(
         "--relay",
         action="store_true",
-        help="a push goes from this machine to one host, and hosts holding verified bytes "
-        "pass them on (each hop over a key made for it, removed at its end)",
+        help="a push to a host comes from a host that holds the bytes verified (its cache, "
+        "or a host the push reached first), this machine sending only while none does; each "
+        "hop over a key made for it, removed at its end (default: tensorless_relay)",
     )
     p.add_argument(
         "--serial",

@@ -372,6 +372,10 @@ class Options:
     drain_timeout: int = setting(
         DEFAULT_DRAIN_TIMEOUT_S, "tensorless_drain_timeout", "--drain-timeout", _drain_timeout
     )
+    # true: a push to this host comes from a host that holds the bytes verified (another
+    # host's cache, or one the push reached first), the controller sending only while none
+    # does (fleet.relay)
+    relay: bool = setting(False, "tensorless_relay", "--relay", _flag)
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     local: bool = False  # this machine: `run` needs no systemd
@@ -412,6 +416,7 @@ DATA_CORS_ORIGINS = _data_key("cors_origins")
 DATA_PIDS_LIMIT = _data_key("pids_limit")
 DATA_HOST_TIMEOUT = _data_key("host_timeout")
 DATA_DRAIN_TIMEOUT = _data_key("drain_timeout")
+DATA_RELAY = _data_key("relay")
 DATA_KEYS: tuple[str, ...] = (
     *(s.data_key for s in SETTINGS if s.data_key is not None),
     DATA_GPUS,
@@ -443,6 +448,7 @@ class Flags:
     wait_lock: int | None = None
     cors_origins: str | None = None
     drain_timeout: int | None = None
+    relay: bool | None = None
     extra_args: tuple[str, ...] = ()
     allow_draft: bool = False
     flag_names: Mapping[str, str] | None = None  # a command's own spelling (run: --host)

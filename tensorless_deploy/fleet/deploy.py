@@ -81,7 +81,6 @@ class DeployRequest:
     # the front door before the instances (door_of): each instance that changes is taken out
     # of it before its restart and put back once healthy and on its card
     door: Door | None = None
-    relay: bool = False  # a push goes to one host, which passes it on (fleet.relay)
 
 
 @contextlib.contextmanager
@@ -496,6 +495,8 @@ class _Run:
     facts: dict[str, HostFacts] = field(default_factory=dict)
     # what is missing where, (model, image): the survey says, else (None) the transfer finds out
     missing: dict[str, tuple[bool, bool] | None] = field(default_factory=dict)
+    # the hosts whose cache holds the model verified (the survey says): a relay's first senders
+    holding: dict[str, HostPlan] = field(default_factory=dict)
     modes: dict[str, tuple[str, str]] = field(default_factory=dict)  # pull or push, and why
     transfers: dict[str, str] = field(default_factory=dict)  # the report's words for it
     metas: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> step -> meta
@@ -544,6 +545,8 @@ def _survey_and_plan(run: _Run, hosts: Sequence[Any], entries: Sequence[Any]) ->
         run.plans[s.name] = plan
         known = run.known[s.name] = survey_steps(plan, s.facts)
         run.missing[s.name] = None if known is None else (known["model"], known["image"])
+        if known is not None and not known["model"]:
+            run.holding[s.name] = plan
 
 
 def _converged(run: _Run) -> None:
@@ -586,7 +589,7 @@ def _transfer(run: _Run) -> None:
         run.missing,
         request.progress,
         request.source,
-        request.relay,
+        held=run.holding,
     )
     for name, what in sent.items():
         run.transfers[name] += f"; {what}"

@@ -314,12 +314,15 @@ def push(
     progress: Progress | None = None,
     source: Source | None = None,
     relay: bool = False,
+    held: dict[str, HostPlan] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Fetch model and image once on the controller (or take them from source), send them to
-    every host that lacks them (resuming partial files, each host at its own pace; relay: to
-    one host, which passes them on, fleet.relay). Returns the hosts that failed, with why, and
-    what was sent to each host."""
-    report = push_report(state, by_name, plans, token, missing, progress, source, relay)
+    every host that lacks them (resuming partial files, each host at its own pace). relay
+    (every host), or a host's own tensorless_relay: it gets them from a host that holds them
+    verified (held: the run's hosts whose cache holds the model already; the controller sends
+    only while none does), fleet.relay. Returns the hosts that failed, with why, and what was
+    sent to each host."""
+    report = push_report(state, by_name, plans, token, missing, progress, source, relay, held)
     return report.failed, {n: "; ".join(parts) for n, parts in report.sent.items()}
 
 
@@ -332,6 +335,7 @@ def push_report(
     progress: Progress | None = None,
     source: Source | None = None,
     relay: bool = False,
+    held: dict[str, HostPlan] | None = None,
 ) -> PushReport:
     from tensorless_deploy.local.fetch import LocalError
 
@@ -345,35 +349,85 @@ def push_report(
         needs_image = [n for n in group if needs[n][1]]
         try:
             if needs_model:
-                t0 = time.monotonic()
-                blob_path = _model_file(recipe, source, token, progress)
-                report.seconds["fetch model"] = time.monotonic() - t0
-                targets = [
-                    (n, _partial(group[n]), recipe.model.size_bytes, _lock(group[n]))
-                    for n in needs_model
-                ]
-                digest = recipe.model.sha256 if relay else None
-                _send(state, by_name, "model", blob_path, targets, report, progress, digest)
+                _push_model(
+                    state, by_name, group, needs_model, report, progress,
+                    functools.partial(_model_file, recipe, source, token, progress),
+                    relay, held or {},
+                )  # fmt: skip
             if needs_image:
                 t0 = time.monotonic()
                 archive = _image_file(recipe.engine.image, source)
                 report.seconds["fetch image"] = time.monotonic() - t0
                 remote = remote_image_path(recipe.engine.image)
                 size = archive.stat().st_size
-                _send(
-                    state,
-                    by_name,
-                    "image",
-                    archive,
-                    [(n, remote, size, "") for n in needs_image],
-                    report,
-                    progress,
-                    file_sha256(archive) if relay else None,
-                )
+                relayed = [n for n in needs_image if relay or group[n].options.relay]
+                parts: list[tuple[list[str], str | None]] = [
+                    ([n for n in needs_image if n not in relayed], None),
+                    (relayed, file_sha256(archive) if relayed else None),
+                ]
+                for names, digest in parts:
+                    if names:
+                        targets = [(n, remote, size, "") for n in names]
+                        _send(state, by_name, "image", archive, targets, report, progress, digest)
         except (LocalError, TransferError) as exc:
             why = f"push: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else "")
             report.failed.update({n: why for n in group})
     return report
+
+
+def _push_model(
+    state: Any,
+    by_name: dict[str, Any],
+    group: dict[str, HostPlan],
+    needs_model: list[str],
+    report: PushReport,
+    progress: Progress | None,
+    model_file: Callable[[], Path],
+    relay: bool,
+    held: dict[str, HostPlan],
+) -> None:
+    """The model to the hosts that lack it: straight from the controller, or (relay, or a
+    host's own tensorless_relay) from the run's hosts that hold it verified, the controller's
+    copy fetched only if it has to send."""
+    recipe = group[needs_model[0]].recipe
+    assert recipe is not None
+
+    got: list[Path] = []
+
+    def fetch() -> Path:  # once, whoever asks first
+        if not got:
+            t0 = time.monotonic()
+            got.append(model_file())
+            report.seconds["fetch model"] = time.monotonic() - t0
+        return got[0]
+
+    def targets(names: list[str]) -> list[tuple[str, str, int, str]]:
+        size = recipe.model.size_bytes
+        return [(n, _partial(group[n]), size, _lock(group[n])) for n in names]
+
+    relayed = [n for n in needs_model if relay or group[n].options.relay]
+    direct = [n for n in needs_model if n not in relayed]
+    if direct:
+        _send(state, by_name, "model", fetch(), targets(direct), report, progress)
+    if relayed:
+        holders = _holders(held, recipe.model.sha256, needs_model)
+        lazy = fetch if holders else fetch()
+        sha = recipe.model.sha256
+        _send(state, by_name, "model", lazy, targets(relayed), report, progress, sha, holders)
+
+
+def _holders(
+    held: dict[str, HostPlan], sha256: str, needing: Sequence[str]
+) -> dict[str, tuple[str, str]]:
+    """The run's hosts whose cache holds this model verified: host -> (blob, stamp)."""
+    return {
+        n: (p.paths.blob, p.paths.stamp)
+        for n, p in sorted(held.items())
+        if n not in needing
+        and p.recipe is not None
+        and p.recipe.model.sha256 == sha256
+        and p.paths is not None
+    }
 
 
 def _model_file(
@@ -470,21 +524,24 @@ def _send(
     state: Any,
     by_name: dict[str, Any],
     what: str,
-    source: Path,
+    source: Path | Callable[[], Path],
     targets: list[tuple[str, str, int, str]],
     report: PushReport,
     progress: Progress | None = None,
     relay_sha: str | None = None,
+    holders: dict[str, tuple[str, str]] | None = None,
 ) -> None:
     """One file to several hosts at once, each resuming from its partial and taking at most
     the file's size (the model's size_bytes); what went where is noted. relay_sha: the file's
-    sha256, and it goes to one host that passes it on (fleet.relay)."""
+    sha256, and it goes from the holders (host -> its verified blob and stamp), else to one
+    host that passes it on (fleet.relay); source may then be how to fetch it, when needed."""
     live = [(n, p, s, k) for n, p, s, k in targets if n not in report.failed]
     for n, _, _, _ in live:
         in_step(state, by_name[n], f"the push of the {what}")
     if relay_sha is not None:
-        _relay(state, by_name, what, source, live, report, progress, relay_sha)
+        _relay(state, by_name, what, source, live, report, progress, relay_sha, holders or {})
         return
+    assert isinstance(source, Path)
     receivers = [Receiver(n, by_name[n], p) for n, p, _, _ in live]
     commands = [receive_command(state, by_name[n], p, s, k) for n, p, s, k in live]
     t0 = time.monotonic()
@@ -513,11 +570,12 @@ def _relay(
     state: Any,
     by_name: dict[str, Any],
     what: str,
-    source: Path,
+    source: Path | Callable[[], Path],
     live: list[tuple[str, str, int, str]],
     report: PushReport,
     progress: Progress | None,
     sha: str,
+    holders: dict[str, tuple[str, str]],
 ) -> None:
     """_send through fleet.relay: every hop noted on its receiver, a failed one as its line."""
     from tensorless_deploy.fleet.relay import Copy, relay
@@ -526,10 +584,17 @@ def _relay(
         return
     size = live[0][2]
     copy = Copy(
-        what, source, sha, size, {n: p for n, p, _, _ in live}, {n: k for n, _, _, k in live}
+        what,
+        source,
+        sha,
+        size,
+        {n: p for n, p, _, _ in live},
+        {n: k for n, _, _, k in live},
+        held=holders,
     )
     t0 = time.monotonic()
-    done = relay(state, by_name, copy, [n for n, _, _, _ in live], progress=progress)
+    receivers = [n for n, _, _, _ in live]
+    done = relay(state, by_name, copy, receivers, holders=list(holders), progress=progress)
     report.seconds[f"send {what}"] = time.monotonic() - t0
     report.seconds[f"controller bytes {what}"] = float(done.controller_bytes)
     for hop in done.hops:

@@ -30,7 +30,7 @@ import shlex
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,17 +46,33 @@ RECEIVED = re.compile(r"received (\d+) bytes \(resumed from (\d+)\), sha256 ([0-
 UNVERIFIED = 3  # relay-send.sh's exit status when the sender's own copy is not verified
 
 
-@dataclass(frozen=True)
+@dataclass
 class Copy:
     """One file to relay: the controller's copy, what it must hash to, where it goes on each
     host (the partial the receive appends to, by host) and each host's lock of that partial."""
 
     what: str
-    source: Path
+    source: Path | Callable[[], Path]  # the controller's copy, or how to get it when needed
     sha256: str
     size: int
     remote: dict[str, str]
     locks: dict[str, str] = field(default_factory=dict)
+    # hosts of the run that hold the file already, verified by this tool (the model's blob in
+    # its cache and the stamp its verification left): host -> (blob, stamp); they send first
+    held: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def controller_file(self) -> Path:
+        """The controller's copy, fetched the first time the controller has to send (never,
+        where a holder sends it)."""
+        if callable(self.source):
+            self.source = self.source()  # one controller hop at a time (the schedule's)
+        assert isinstance(self.source, Path)
+        return self.source
+
+    def source_of(self, host: str) -> tuple[str, str]:
+        """What a sender sends from: its blob and stamp where it held the file before the run,
+        else the partial the relay filled ("": verified by the receive's own record)."""
+        return self.held.get(host) or (self.remote[host], "")
 
 
 @dataclass
@@ -168,7 +184,9 @@ class Relay:
         r = Receiver(receiver, host, self.copy.remote[receiver])
         lock = self.copy.locks.get(receiver, "")
         send_one(
-            self.copy.source, r, receive_command(self.state, host, r.path, self.copy.size, lock)
+            self.copy.controller_file(),
+            r,
+            receive_command(self.state, host, r.path, self.copy.size, lock),
         )
         hop = Hop(CONTROLLER, receiver, sent=r.sent, offset=r.offset, seconds=r.seconds)
         with self.lock:
@@ -221,13 +239,15 @@ class Relay:
         if code != 0:
             hop.kind, hop.error = "cut", f"access not granted on {hop.receiver}: {_short(err)}"
             return None
+        file, stamp = self.copy.source_of(hop.sender)
         try:
             send = _script(
                 self.state,
                 src,
                 "relay-send",
                 dir=where,
-                file=self.copy.remote[hop.sender],
+                file=file,
+                stamp=stamp,
                 sha=self.copy.sha256,
                 size=self.copy.size,
                 addr=addr,
@@ -270,7 +290,10 @@ class Relay:
 
     def forget(self, name: str) -> None:
         """A copy that hashed wrong: the partial and its record deleted (a sender's own arrival
-        then hashes the file again, and refuses it)."""
+        then hashes the file again, and refuses it). A host's own blob is never deleted here:
+        the sender is only not used again (its next deploy verifies it again)."""
+        if name in self.copy.held:
+            return
         transport = ssh_transport(self.by_name[name])
         if transport is None or not transport.is_active():
             return
@@ -305,7 +328,8 @@ def relay(
     progress: Progress | None = None,
 ) -> RelayReport:
     """copy to every receiver: from the controller while no host holds it verified, then from
-    host to host (holders: hosts that already hold it verified at copy.remote)."""
+    host to host (holders: hosts that already hold it verified, at copy.remote or, for those of
+    copy.held, in their own cache; with one, the controller sends nothing)."""
     relay_ = Relay(state, by_name, copy)
     report = RelayReport()
     try:

@@ -179,6 +179,10 @@ def _state(u: DeployedUnit) -> State:
         return "crash loop"
     if (u.active == "failed" or (u.active == "activating" and u.health != 503)) and restarts:
         return "crash loop"
+    # restarted, and its run now answers nothing at all (not even 503 loading): between two
+    # starts of a loop the service is active for the while its server takes to die again
+    if u.active == "active" and u.health == 0 and restarts:
+        return "crash loop"
     if u.active == "failed":
         return "failed"
     if u.active in ("inactive", "unknown") and u.sub_state in (None, "dead"):
