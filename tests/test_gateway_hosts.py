@@ -8,6 +8,7 @@ door marking it down, and the requests that failed meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -16,12 +17,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tensorless_deploy.hostplan.gateway import server_name
 from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
 from tests.hosts.harness import Host
 from tests.hosts.hf_server import HFServer
@@ -214,6 +216,76 @@ def _wait(pred: Any, timeout: float, what: str) -> float:
     return time.monotonic() - t0
 
 
+@dataclass
+class Load:
+    """One client's closed loop of small completions through the door: sent, and the codes of
+    those that failed."""
+
+    sent: int = 0
+    failures: list[int] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _load(fleet: Fleet) -> Iterator[Load]:
+    """A closed loop through the door while the block runs."""
+    got = Load()
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            code, _ = _post(
+                f"{fleet.url}/v1/completions",
+                {"model": TINY_REPO, "prompt": "Hi", "max_tokens": 4},
+                fleet.door_key,
+            )
+            got.sent += 1
+            if code != 200:
+                got.failures.append(code)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    try:
+        yield got
+    finally:
+        stop.set()
+        worker.join()
+
+
+@contextlib.contextmanager
+def _held(fleet: Fleet, host: str, max_tokens: int) -> Iterator[list[bytes]]:
+    """One streamed answer held in flight at the door on host's instance while the block runs:
+    its server stopped (SIGSTOP) before the request is sent, so the answer cannot end before
+    the block (the tiny model streams 2000 tokens in about a second), and the kernel still
+    takes the connection, so the door counts it in flight; the block's end lets the server go
+    on and waits for the answer (yielded: its body, once it ended)."""
+    body = {"model": TINY_REPO, "prompt": "Hello", "max_tokens": max_tokens, "stream": True}
+    pid = int(fleet.sh(host, f"podman inspect {UNIT} --format '{{{{.State.Pid}}}}'"))
+    fleet.sh(host, f"kill -STOP {pid}")
+    held: list[bytes] = []
+
+    def ask() -> None:
+        req = urllib.request.Request(
+            f"{fleet.url}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {fleet.door_key}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            held.append(resp.read())
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        server = server_name(host, 8080)
+        _wait(lambda: _door_state(fleet)[server][1] == 1, 10, "one request in flight")
+        yield held
+    finally:
+        fleet.sh(host, f"kill -CONT {pid}")
+        asker.join(120)
+
+
 def test_door_over_two_hosts(fleet: Fleet) -> None:
     # a host without HAProxy (the test hosts hold its packages in apt's cache only)
     fleet.sh(DOOR, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q haproxy", check=False)
@@ -313,31 +385,8 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
     assert _door(fleet, "legacy1", ["servers"]) == (DOOR, [2])
     # idle: drained at once
     assert _door(fleet, "legacy1", ["take_out", "gpu1", 8080, 5]) == (DOOR, [None])
-    # one answer held in flight on legacy1 (gpu1 is drained): legacy1's server is stopped
-    # (SIGSTOP) before the request is sent, so the answer cannot finish before the door is
-    # asked (the tiny model streams 2000 tokens in about a second); the kernel still takes the
-    # connection, so the door counts the request in flight
-    body = {"model": TINY_REPO, "prompt": "Hello", "max_tokens": 64, "stream": True}
-    pid = int(fleet.sh("legacy1", f"podman inspect {UNIT} --format '{{{{.State.Pid}}}}'"))
-    fleet.sh("legacy1", f"kill -STOP {pid}")
-    held: list[bytes] = []
-
-    def ask() -> None:
-        req = urllib.request.Request(
-            f"{fleet.url}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={
-                "Authorization": f"Bearer {fleet.door_key}",
-                "Content-Type": "application/json",
-            },
-        )
-        with urllib.request.urlopen(req, timeout=90) as resp:
-            held.append(resp.read())
-
-    asker = threading.Thread(target=ask)
-    asker.start()
-    try:
-        _wait(lambda: _door_state(fleet)["legacy1_8080"][1] == 1, 10, "one request in flight")
+    # one answer held in flight on legacy1 (gpu1 is drained)
+    with _held(fleet, "legacy1", 64) as held:
         _, (back, busy) = _door(
             fleet, "gpu1", ["put_back", "gpu1", 8080], ["take_out", "legacy1", 8080, 1]
         )
@@ -346,13 +395,10 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
         # new requests go to gpu1 while legacy1 drains (one sent to the held legacy1 would hang)
         code, _ = _post(
             f"{fleet.url}/v1/completions",
-            {**body, "stream": False, "max_tokens": 4},
+            {"model": TINY_REPO, "prompt": "Hello", "max_tokens": 4},
             fleet.door_key,
         )
         assert code == 200
-    finally:
-        fleet.sh("legacy1", f"kill -CONT {pid}")
-        asker.join(90)
     assert held and b"[DONE]" in held[0], held
     _, (drained, back) = _door(
         fleet, "gpu1", ["take_out", "legacy1", 8080, 10], ["put_back", "legacy1", 8080]
@@ -362,39 +408,19 @@ def test_door_over_two_hosts(fleet: Fleet) -> None:
 
     # a backend stopped under load: out within seconds; of one client's requests (one in
     # flight at a time), only the one in flight on it when it stopped may fail
-    failures: list[int] = []
-    sent = [0]
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            code, _ = _post(
-                f"{fleet.url}/v1/completions",
-                {"model": TINY_REPO, "prompt": "Hi", "max_tokens": 4},
-                fleet.door_key,
-            )
-            sent[0] += 1
-            if code != 200:
-                failures.append(code)
-
-    worker = threading.Thread(target=load)
-    worker.start()
-    try:
+    with _load(fleet) as load:
         time.sleep(1)
         fleet.sh("legacy1", f"systemctl stop {UNIT}.service")
         out_after = _wait(
             lambda: _door_state(fleet)["legacy1_8080"][0].startswith("DOWN"), 15, "legacy1 down"
         )
         time.sleep(1)
-    finally:
-        stop.set()
-        worker.join()
     print(
         f"\n[gateway] backend stopped: out of the pool after {out_after:.1f} s; "
-        f"{len(failures)} of {sent[0]} requests failed meanwhile"
+        f"{len(load.failures)} of {load.sent} requests failed meanwhile"
     )
     assert out_after < 6
-    assert len(failures) <= 1, failures
+    assert len(load.failures) <= 1, load.failures
 
 
 def test_a_roll_through_the_door_fails_no_request(
@@ -485,31 +511,8 @@ def test_a_stop_and_a_deploy_render_the_door_again_and_day_two_sees_it(fleet: Fl
 
     # a request in flight on gpu1 (its server stopped, SIGSTOP, before the request is sent),
     # while a deploy on legacy1 renders the door again with legacy1 and reloads it
-    body = {"model": TINY_REPO, "prompt": "Hello", "max_tokens": 32, "stream": True}
-    pid = int(fleet.sh(DOOR, f"podman inspect {UNIT} --format '{{{{.State.Pid}}}}'"))
-    fleet.sh(DOOR, f"kill -STOP {pid}")
-    held: list[bytes] = []
-
-    def ask() -> None:
-        req = urllib.request.Request(
-            f"{fleet.url}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={
-                "Authorization": f"Bearer {fleet.door_key}",
-                "Content-Type": "application/json",
-            },
-        )
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            held.append(resp.read())
-
-    asker = threading.Thread(target=ask)
-    asker.start()
-    try:
-        _wait(lambda: _door_state(fleet)["gpu1_8080"][1] == 1, 10, "one request in flight")
+    with _held(fleet, DOOR, 32) as held:
         rc, deployed, out = run("deploy", *base, "tiny", "--limit", "legacy1")
-    finally:
-        fleet.sh(DOOR, f"kill -CONT {pid}")
-        asker.join(120)
     assert rc == 0, out
     assert [(d["door"], d["outcome"]) for d in deployed["doors"]] == [(DOOR, "changed")], out
     assert sorted(deployed["doors"][0]["models"][TINY_REPO]) == ["gpu1:8080", "legacy1:8080"]
@@ -519,36 +522,16 @@ def test_a_stop_and_a_deploy_render_the_door_again_and_day_two_sees_it(fleet: Fl
     assert set(_door_state(fleet)) == {"gpu1_8080", "legacy1_8080"}
     # a reload, as each render does, fails no request and takes no instance out: the new
     # worker starts with every instance up and checks it from there
-    failures: list[int] = []
-    sent = [0]
     seen: set[str] = set()
-    stop = threading.Event()
-
-    def load() -> None:
-        while not stop.is_set():
-            code, _ = _post(
-                f"{fleet.url}/v1/completions",
-                {"model": TINY_REPO, "prompt": "Hi", "max_tokens": 4},
-                fleet.door_key,
-            )
-            sent[0] += 1
-            if code != 200:
-                failures.append(code)
-
-    worker = threading.Thread(target=load)
-    worker.start()
-    try:
+    with _load(fleet) as load:
         for _ in range(3):
             fleet.sh(DOOR, "systemctl reload tensorless-gateway")
             for _ in range(10):
                 seen |= {s for s, _ in _door_state(fleet).values()}
                 time.sleep(0.1)
-    finally:
-        stop.set()
-        worker.join()
-    print(f"\n[gateway] 3 reloads under load: {len(failures)} of {sent[0]} failed; seen {seen}")
+    print(f"\n[gateway] 3 reloads under load: {len(load.failures)} of {load.sent} failed; {seen}")
     # ("UP 1/2": up, one check missed under the load: still in the pool)
-    assert failures == [] and sent[0] > 10, (failures, sent)
+    assert load.failures == [] and load.sent > 10, load
     assert all(s.startswith("UP") for s in seen), seen
     # a converged deploy changes no instance and leaves the door alone
     rc, again, out = run("deploy", *base, "tiny")
