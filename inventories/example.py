@@ -46,6 +46,10 @@ tensorless-deploy serves on it, each with its default:
     tensorless_drain_timeout  60                          seconds a restart or stop waits for
                                                           the instance's requests in flight
                                                           (/slots idle); 0: none (--drain-timeout)
+    tensorless_relay          false                       true: a push to this host comes from a
+                                                          host holding the bytes verified, the
+                                                          controller sending only while none
+                                                          does (--relay)
 
 A tensorless_* key not listed here is refused, naming the nearest one (a typo never leaves the
 default in place without a word).
