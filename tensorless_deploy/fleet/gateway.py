@@ -321,7 +321,7 @@ class Door:
 
     def servers(self) -> tuple[ServerState, ...]:
         """Every instance as the door sees it now (empty: the door did not answer)."""
-        return self._admin()[0]
+        return self.read()[0]
 
     def read(self) -> tuple[tuple[ServerState, ...], str | None]:
         """Every instance as the door sees it now, or why the door did not answer."""
@@ -502,16 +502,13 @@ class Refreshed:
     why: str | None = None  # not rendered again: why, and the command that would
 
 
-def refresh_doors(
-    inventory: Any, catalog: Catalog, door: FleetDoor | None, run: Flags
-) -> list[Refreshed]:
+def refresh_doors(inventory: Any, catalog: Catalog, door: FleetDoor, run: Flags) -> list[Refreshed]:
     """After a deploy or a stop changed hosts: every door of the inventory rendered again from
     the host plans, as the gateway run its markers record was (a door whose instances are the
     same is left as it is; one whose instances changed is reloaded hitlessly). A door whose
     spec this controller cannot follow (its key file is not here, a model not in this catalog)
-    is left as it is, and says which and the command to run."""
-    if door is None:
-        return []
+    is left as it is, and says which and the command to run (a key or TLS file that cannot be
+    read: plan_door's own refusal, as the gateway command line's)."""
     out = []
     names = {h.name for h in inventory}
     for host, spec in sorted(door.specs().items()):
@@ -521,19 +518,9 @@ def refresh_doors(
         if spec is None:
             out.append(Refreshed(host, None, f"its markers record no gateway run: {again}"))
             continue
-        missing = [
-            f
-            for f in (spec.api_key_file, spec.tls_cert_file, spec.tls_key_file)
-            if f and not os.path.exists(f)
-        ]
         unknown = [m for m in spec.models if not catalog.find_or_none(m)]
-        if missing or unknown:
-            why = (
-                f"{', '.join(missing)} not on this controller"
-                if missing
-                else (f"{', '.join(unknown)} not in this catalog")
-            )
-            out.append(Refreshed(host, None, f"{why}: {again}"))
+        if unknown:
+            out.append(Refreshed(host, None, f"{', '.join(unknown)} not in this catalog: {again}"))
             continue
         try:
             result = gateway(

@@ -360,7 +360,7 @@ def push_report(
                 report.seconds["fetch image"] = time.monotonic() - t0
                 remote = remote_image_path(recipe.engine.image)
                 size = archive.stat().st_size
-                relayed = [n for n in needs_image if relay or group[n].options.relay]
+                relayed = _relayed(needs_image, group, relay)
                 parts: list[tuple[list[str], str | None]] = [
                     ([n for n in needs_image if n not in relayed], None),
                     (relayed, file_sha256(archive) if relayed else None),
@@ -405,7 +405,7 @@ def _push_model(
         size = recipe.model.size_bytes
         return [(n, _partial(group[n]), size, _lock(group[n])) for n in names]
 
-    relayed = [n for n in needs_model if relay or group[n].options.relay]
+    relayed = _relayed(needs_model, group, relay)
     direct = [n for n in needs_model if n not in relayed]
     if direct:
         _send(state, by_name, "model", fetch(), targets(direct), report, progress)
@@ -414,6 +414,12 @@ def _push_model(
         lazy = fetch if holders else fetch()
         sha = recipe.model.sha256
         _send(state, by_name, "model", lazy, targets(relayed), report, progress, sha, holders)
+
+
+def _relayed(names: list[str], group: dict[str, HostPlan], relay: bool) -> list[str]:
+    """The hosts that get a file through the relay: all with relay, else those whose own
+    options ask for it (tensorless_relay)."""
+    return [n for n in names if relay or group[n].options.relay]
 
 
 def _holders(

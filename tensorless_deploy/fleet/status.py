@@ -113,8 +113,9 @@ def fleet_status(
     inventory: Any, hosts: Sequence[Any], catalog: Catalog, flags: Flags | None = None
 ) -> list[HostStatus]:
     """What every host serves, and how it drifted from the catalog: read-only, in parallel,
-    two round trips per host (the survey the host plan needs, and the units with their files,
-    health and, where a unit enables them, llama-server's metrics)."""
+    three round trips per host (the survey the host plan needs; the units with their files,
+    health and, where a unit enables them, llama-server's metrics; the door marker), and one
+    more to each front door those markers name (its state of each instance)."""
     from tensorless_deploy.facts.pyinfra import DeployedUnits, HostSurvey
     from tensorless_deploy.fleet.deploy import unit_port as deployed_port
     from tensorless_deploy.fleet.gateway import fronting_door, read_markers

@@ -194,7 +194,7 @@ def door_target(host: str, reach: str, spec: DoorSpec | None) -> Target | Skippe
 
 
 def jobs(
-    hosts: Iterable[HostUnits], doors: Iterable[Target | Skipped] = ()
+    hosts: Iterable[HostUnits], doors: Sequence[Target | Skipped] = ()
 ) -> tuple[list[Job], list[Skipped]]:
     """The fleet's scrape jobs (in a stable order and with stable names: the same inventory and
     units give the same files) and the units left out; doors: the front doors' targets."""
