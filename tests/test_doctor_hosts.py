@@ -94,13 +94,16 @@ MARKER = "/run/tl-doctor-test.marker"
 # Files and units a host's own state is made of: /etc by content, units, containers, images,
 # listeners, device nodes. Taken before and after a doctor run; they must be equal.
 # podman's storage overlay mount (var-lib-containers-storage-overlay.mount) comes and goes
-# with podman's own runs, the snapshot's `podman ps` among them (seen in CI): not doctor's doing
+# with podman's own runs, the snapshot's `podman ps` among them (seen in CI): not doctor's doing.
+# systemctl pads its columns to the longest name it lists, the filtered mounts included (a CI
+# run saw every line of the list change width at once), so the columns are read, not the padding.
 SNAPSHOT = r"""
 export LC_ALL=C
 find /etc -xdev -type f -exec sha256sum {} + | sort -k2
 find /etc /var/lib /srv /opt /usr/local -xdev -printf '%y %m %u %p -> %l\n' | sort
-systemctl list-units --all --no-legend --plain | grep -v '^var-lib-containers-storage-' | sort
-systemctl list-unit-files --no-legend | sort
+systemctl list-units --all --no-legend --plain | grep -v '^var-lib-containers-storage-' \
+  | awk '{$1 = $1; print}' | sort
+systemctl list-unit-files --no-legend | awk '{$1 = $1; print}' | sort
 podman ps -a --format '{{.ID}} {{.Names}} {{.State}} {{.Image}}'
 podman images --no-trunc --format '{{.ID}} {{.Repository}} {{.Digest}}'
 ss -Hltn | sort
