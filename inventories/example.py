@@ -49,7 +49,9 @@ tensorless-deploy serves on it, each with its default:
     tensorless_relay          false                       true: a push to this host comes from a
                                                           host holding the bytes verified, the
                                                           controller sending only while none
-                                                          does (--relay)
+                                                          does; a pull of the model too, one
+                                                          host downloading it if none holds
+                                                          it (--relay)
 
 A tensorless_* key not listed here is refused, naming the nearest one (a typo never leaves the
 default in place without a word).

@@ -137,6 +137,70 @@ def test_a_host_that_holds_the_model_seeds_the_relay_and_the_controller_sends_no
     assert not list((setting["tmp"] / "hub").glob("models--*/blobs/*")), "fetched"
 
 
+def test_a_pull_through_the_relay_crosses_the_uplink_once(
+    setting: dict[str, Any], hosts_json: dict[str, Any], hf: HFServer, ssh: SshRunner
+) -> None:
+    """deploy --transfer pull --relay to three hosts that lack the model: the dry run names the
+    host that would download it; the run has that one host download it from the Hub (the server
+    sends its bytes once), the other two get it from the hosts that hold it, never from this
+    machine (which fetches nothing); each pulls its image and serves."""
+    argv = _argv(setting)
+    argv[argv.index("push")] = "pull"
+    dry = _hosts(cli(*argv, "--dry-run", env=setting["env"]))
+    (seed,) = [n for n, h in dry.items() if "would download here" in h["transfer"]]
+    for name in set(HOSTS) - {seed}:
+        assert f"would come through the relay (first senders: {seed})" in dry[name]["transfer"]
+    hf.reset_stats()
+    proc = cli(*argv, env=setting["env"])
+    hosts = _hosts(proc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tiny = hosts_json["tiny_gguf"]
+    counted = hf.stats(tiny["hf_repo"], tiny["hf_file"])
+    assert counted.bytes_sent == tiny["size"], counted  # one download's bytes, no more
+    assert "model: downloaded here, the relay's first sender" in hosts[seed]["transfer"]
+    assert _senders(hosts[seed]["transfer"], "model") == []
+    for name in set(HOSTS) - {seed}:
+        senders = _senders(hosts[name]["transfer"], "model")
+        assert len(senders) == 1 and senders[0] in HOSTS and senders[0] != name, senders
+        assert f"sent {tiny['size']} bytes" in hosts[name]["transfer"], hosts[name]
+        assert _senders(hosts[name]["transfer"], "image") == []  # pulled from the registry
+    for name in HOSTS:
+        answer = ssh(name, "curl -fsS http://127.0.0.1:8080/v1/models").stdout
+        assert TINY_REPO in answer, name
+    assert not list((setting["tmp"] / "hub").glob("models--*/blobs/*")), "fetched"
+
+
+def test_a_seed_that_cannot_download_fails_and_so_do_the_hosts_that_waited_for_it(
+    setting: dict[str, Any], hosts_json: dict[str, Any], hf: HFServer, ssh: SshRunner
+) -> None:
+    """The Hub serves wrong bytes: the host that downloads for the relay refuses them and fails,
+    the hosts that waited for it fail with one line naming it (none downloads for itself), and
+    no host keeps a byte of the model."""
+    argv = _argv(setting)
+    argv[argv.index("push")] = "pull"
+    tiny = hosts_json["tiny_gguf"]
+    hf.reset_stats()
+    hf.add_fault("corrupt", repo_id=tiny["hf_repo"], filename=tiny["hf_file"])
+    try:
+        proc = cli(*argv, env=setting["env"])
+    finally:
+        hf.clear_faults()
+    hosts = _hosts(proc)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert {h["outcome"] for h in hosts.values()} == {"failed"}, hosts
+    (seed,) = [n for n, h in hosts.items() if "first sender" not in str(h["reason"])]
+    reason = str(hosts[seed]["reason"])
+    assert reason.startswith("the relay's first download of the model: downloaded file has")
+    assert reason.endswith(": refused and deleted"), reason
+    for name in set(HOSTS) - {seed}:
+        reason = str(hosts[name]["reason"])
+        assert reason.startswith(f"the relay's first sender {seed} could not download"), reason
+    # one whole-file answer (the seed's); a 206 is this machine reading the header to plan
+    assert hf.stats(tiny["hf_repo"], tiny["hf_file"]).statuses.count(200) == 1
+    for name in HOSTS:
+        assert ssh(name, f"ls -A {BLOBS} 2>/dev/null; true").stdout.strip() == "", name
+
+
 def _nft(host: Host, *words: str, check: bool = True) -> None:
     subprocess.run(["ip", "netns", "exec", host.netns, "nft", *words], check=check)
 

@@ -208,8 +208,9 @@ def register(command: Command) -> None:
         "--relay",
         action="store_true",
         help="a push to a host comes from a host that holds the bytes verified (its cache, "
-        "or a host the push reached first), this machine sending only while none does; each "
-        "hop over a key made for it, removed at its end (default: tensorless_relay)",
+        "or a host the push reached first), this machine sending only while none does; in a "
+        "pull, the model is downloaded by one host (none, if one holds it) and passed on from "
+        "it; each hop over a key made for it, removed at its end (default: tensorless_relay)",
     )
     p.add_argument(
         "--serial",

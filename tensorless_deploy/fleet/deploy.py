@@ -498,6 +498,7 @@ class _Run:
     # the hosts whose cache holds the model verified (the survey says): a relay's first senders
     holding: dict[str, HostPlan] = field(default_factory=dict)
     modes: dict[str, tuple[str, str]] = field(default_factory=dict)  # pull or push, and why
+    relayed: set[str] = field(default_factory=set)  # pulling hosts the relay sent the model to
     transfers: dict[str, str] = field(default_factory=dict)  # the report's words for it
     metas: dict[str, dict[str, Any]] = field(default_factory=dict)  # host -> step -> meta
     took: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, op hash) -> s
@@ -577,6 +578,7 @@ def _transfer(run: _Run) -> None:
         run.state, run.by_name, run.plans, run.request.transfer, run.missing
     )
     run.transfers = {n: f"{m} ({why})" if why else m for n, (m, why) in run.modes.items()}
+    _relay_pulls(run)
     pushing = {n: p for n, p in run.plans.items() if run.modes[n][0] == "push"}
     if not pushing or run.request.dry:
         return
@@ -591,10 +593,39 @@ def _transfer(run: _Run) -> None:
         request.source,
         held=run.holding,
     )
+    _transferred(run, sent, errors)
+
+
+def _relay_pulls(run: _Run) -> None:
+    """The pulling hosts that ask for the relay get the model from the run's hosts that hold it,
+    one of them downloading it first where none does (fleet.seed)."""
+    from tensorless_deploy.fleet.seed import relay_pulls, wanting
+
+    asking = wanting(run.plans, run.modes)
+    if not asking:
+        return
+    request = run.request
+    done = relay_pulls(
+        run.state,
+        run.by_name,
+        asking,
+        run.missing,
+        run.holding,
+        run.token,
+        request.progress,
+        request.dry,
+    )
+    run.relayed = done.relayed
+    _transferred(run, done.said, done.failed)
+
+
+def _transferred(run: _Run, sent: dict[str, str], errors: dict[str, str]) -> None:
+    """What a transfer sent where, in each host's transfer words; a host it failed has its
+    result now."""
     for name, what in sent.items():
         run.transfers[name] += f"; {what}"
     for name, error in errors.items():
-        run.plans.pop(name)
+        run.plans.pop(name, None)
         gone = lost(run.state, name)
         run.results[name] = HostResult(
             name, "unreachable" if gone else "failed", gone or error, transfer=run.transfers[name]
@@ -631,7 +662,8 @@ def _apply(run: _Run) -> None:
         pushed = transfer == "push"
         archive = remote_image_path(plan.recipe.engine.image) if pushed and plan.recipe else None
         need = run.missing.get(name)
-        downloads = not pushed and (need is None or need[0])
+        model_sent = pushed or name in run.relayed
+        downloads = not model_sent and (need is None or need[0])
         if downloads and plan.paths is not None and plan.recipe is not None:
             p = plan.paths
             downloading[name] = (p.partial, p.blob, plan.recipe.model.size_bytes)
@@ -642,6 +674,7 @@ def _apply(run: _Run) -> None:
                 token=run.token() if downloads and not dry else None,
                 transfer=transfer,
                 archive=archive,
+                model_sent=model_sent,
                 steps=run.metas,
                 owner=held.pid if held is not None else None,
                 door=run.request.door,

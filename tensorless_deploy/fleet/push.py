@@ -262,7 +262,7 @@ def choose_transfer(
     return {n: out[n] for n in plans}
 
 
-def _needs(
+def needs_of(
     state: Any, by_name: dict[str, Any], group: dict[str, HostPlan], missing: Missing
 ) -> dict[str, tuple[bool, bool]]:
     """(model missing, image missing) per host: the survey's word, else its facts (read on all
@@ -344,7 +344,7 @@ def push_report(
         group = {n: p for n, p in plans.items() if p.recipe and p.recipe.model.sha256 == sha}
         recipe = next(iter(group.values())).recipe
         assert recipe is not None
-        needs = _needs(state, by_name, group, missing or {})
+        needs = needs_of(state, by_name, group, missing or {})
         needs_model = [n for n in group if needs[n][0]]
         needs_image = [n for n in group if needs[n][1]]
         try:
@@ -410,7 +410,7 @@ def _push_model(
     if direct:
         _send(state, by_name, "model", fetch(), targets(direct), report, progress)
     if relayed:
-        holders = _holders(held, recipe.model.sha256, needs_model)
+        holders = holders_of(held, recipe.model.sha256, needs_model)
         lazy = fetch if holders else fetch()
         sha = recipe.model.sha256
         _send(state, by_name, "model", lazy, targets(relayed), report, progress, sha, holders)
@@ -422,7 +422,7 @@ def _relayed(names: list[str], group: dict[str, HostPlan], relay: bool) -> list[
     return [n for n in names if relay or group[n].options.relay]
 
 
-def _holders(
+def holders_of(
     held: dict[str, HostPlan], sha256: str, needing: Sequence[str]
 ) -> dict[str, tuple[str, str]]:
     """The run's hosts whose cache holds this model verified: host -> (blob, stamp)."""

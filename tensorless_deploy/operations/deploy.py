@@ -80,6 +80,7 @@ def serve_plan(
     token: str | None = None,
     transfer: str = "pull",
     archive: str | None = None,
+    model_sent: bool = False,
     steps: Steps | None = None,
     owner: int | None = None,
     door: Door | None = None,
@@ -92,6 +93,8 @@ def serve_plan(
     + token: a Hub token for a gated repository (not used when the model is pushed)
     + transfer: ``pull`` (the host downloads) or ``push`` (the controller sent the bytes)
     + archive: with push, the engine image's OCI archive already on the host
+    + model_sent: the model's bytes were sent into its partial file (a pull run's relay,
+      fleet.seed): verify them, download nothing (a push implies it)
     + steps: each step's OperationMeta lands in ``steps[host][step]`` for the caller's report
     + owner: the pid on the host of the run's lock holder: a download stops once it is gone
     + door: a front door: an instance that changes is taken out of it before its restart and
@@ -107,6 +110,7 @@ def serve_plan(
     recipe = plan.recipe
     m = recipe.model
     pushed = transfer == "push"
+    sent = pushed or model_sent
     metas: dict[str, Any] = {}
     metas["image"] = image(
         name="engine image by digest",
@@ -123,8 +127,8 @@ def serve_plan(
         sha256=m.sha256,
         size=m.size_bytes,
         url=plan.url,
-        token=None if pushed else token,
-        pushed=pushed,
+        token=None if sent else token,
+        pushed=sent,
         owner=owner,
     )
     count = len(plan.instances)
