@@ -112,13 +112,16 @@ def test_a_host_that_holds_the_model_seeds_the_relay_and_the_controller_sends_no
     """gpu1 downloaded the model itself (an earlier deploy); gpu3 and legacy1, with
     tensorless_relay = true in the inventory (no flag), get it from gpu1 or from each other:
     the controller sends no byte of the model (it never even fetches it), and each host serves.
-    """
+    gpu1 has an API key by then: a survey that cannot judge a keyed host's steps still sees
+    its cache holding the model."""
     first = cli(
         "deploy", "-i", str(setting["inv"]), "tiny", "--recipes", str(setting["cat"]), "--json",
         "--limit", "gpu1", env=setting["env"],
     )  # fmt: skip
     assert first.returncode == 0, first.stdout + first.stderr
-    data = {n: {"tensorless_relay": True} for n in HOSTS}
+    key = Path(__file__).parent / "fixtures" / "secrets" / "api.key"
+    data: dict[str, dict[str, Any]] = {n: {"tensorless_relay": True} for n in HOSTS}
+    data["gpu1"]["tensorless_api_key_file"] = str(key)
     inv = write_inventory(setting["tmp"] / "relay.py", [test_hosts[n] for n in HOSTS], data=data)
     argv = [a for a in _argv(setting) if a != "--relay"]
     argv[argv.index(str(setting["inv"]))] = str(inv)

@@ -147,6 +147,17 @@ def _step(name: str, instance: int, count: int) -> str:
     return name if count == 1 else f"{name} {instance}"
 
 
+def holds_model(plan: HostPlan, facts: HostFacts) -> bool:
+    """The survey shows the host's cache holding the plan's model verified (stamped by this
+    tool's last verification, linked from its snapshot): nothing to fetch, and a relay sender."""
+    tool, paths = facts.tool, plan.paths
+    return (
+        tool is not None
+        and paths is not None
+        and tool.verified(paths.blob, paths.snapshot, paths.link_target)
+    )
+
+
 def survey_steps(plan: HostPlan, facts: HostFacts) -> dict[str, bool] | None:
     """Every step ``serve_plan`` would take on this host and whether it would change anything,
     judged from the survey alone (the same tests its operations make with their own facts); None
@@ -160,11 +171,7 @@ def survey_steps(plan: HostPlan, facts: HostFacts) -> dict[str, bool] | None:
     held = tool.has_image(plan.instances[0].spec.engine, plan.recipe.engine.image)
     if held is None:
         return None
-    paths = plan.paths
-    steps = {
-        "image": not held,
-        "model": not tool.verified(paths.blob, paths.snapshot, paths.link_target),
-    }
+    steps = {"image": not held, "model": not holds_model(plan, facts)}
     count = len(plan.instances)
     for inst in plan.instances:
         if inst.unit is None:
@@ -546,7 +553,7 @@ def _survey_and_plan(run: _Run, hosts: Sequence[Any], entries: Sequence[Any]) ->
         run.plans[s.name] = plan
         known = run.known[s.name] = survey_steps(plan, s.facts)
         run.missing[s.name] = None if known is None else (known["model"], known["image"])
-        if known is not None and not known["model"]:
+        if holds_model(plan, s.facts):  # a host with a key to compare too (known: None)
             run.holding[s.name] = plan
 
 

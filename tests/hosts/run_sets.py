@@ -72,7 +72,7 @@ def base_of(s: int) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(prog="run_sets.py")
-    ap.add_argument("--sets", type=int, default=int(os.environ.get("TL_HOST_SETS", "2")))
+    ap.add_argument("--sets", type=int, default=int(os.environ.get("TL_HOST_SETS", "3")))
     ap.add_argument("--first", type=int, default=int(os.environ.get("TL_SET", "0") or 0))
     ap.add_argument("pytest_args", nargs="*")
     args = ap.parse_args()
