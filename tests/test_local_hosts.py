@@ -171,8 +171,12 @@ def test_pull_then_run_serves_and_sigterm_leaves_nothing(
         env=env,
     )
     out, err = bench.communicate(timeout=300)
-    assert bench.returncode == 0, err + out
+    assert out.startswith("{"), err + out
     (res,) = json.loads(out)["results"]
+    # the exit status follows the comparison with the receipt (this machine's speed under CI
+    # load decides which one: a benchmark's figure, never a test's verdict)
+    meets = all(c["meets"] for c in res["comparisons"])
+    assert res["comparisons"] and bench.returncode == (0 if meets else 1), err + out
     assert res["runs"] == 2 and res["generated_tokens"] == 256 and res["decode_tps"]["median"] > 0
     run.send_signal(signal.SIGTERM)  # one signal is enough
     assert run.wait(timeout=60) == 0
