@@ -134,9 +134,15 @@ def test_a_host_that_holds_the_model_seeds_the_relay_and_the_controller_sends_no
     assert "gpu1" in {s[0] for s in senders.values()}, senders
     for name in senders:
         assert f"sent {size} bytes" in hosts[name]["transfer"], hosts[name]["transfer"]
+    _serve_and_nothing_fetched(setting, ssh, list(senders))
+
+
+def _serve_and_nothing_fetched(setting: dict[str, Any], ssh: SshRunner, names: list[str]) -> None:
+    """Each host serves the model, and this machine never fetched it (its Hub cache holds no
+    blob of it)."""
+    for name in names:
         answer = ssh(name, "curl -fsS http://127.0.0.1:8080/v1/models").stdout
         assert TINY_REPO in answer, name
-    # this machine never fetched the model: its Hub cache holds no blob of it
     assert not list((setting["tmp"] / "hub").glob("models--*/blobs/*")), "fetched"
 
 
@@ -167,10 +173,7 @@ def test_a_pull_through_the_relay_crosses_the_uplink_once(
         assert len(senders) == 1 and senders[0] in HOSTS and senders[0] != name, senders
         assert f"sent {tiny['size']} bytes" in hosts[name]["transfer"], hosts[name]
         assert _senders(hosts[name]["transfer"], "image") == []  # pulled from the registry
-    for name in HOSTS:
-        answer = ssh(name, "curl -fsS http://127.0.0.1:8080/v1/models").stdout
-        assert TINY_REPO in answer, name
-    assert not list((setting["tmp"] / "hub").glob("models--*/blobs/*")), "fetched"
+    _serve_and_nothing_fetched(setting, ssh, list(HOSTS))
 
 
 def test_a_seed_that_cannot_download_fails_and_so_do_the_hosts_that_waited_for_it(
