@@ -5,6 +5,11 @@ targets, the whole command's wall time, CPU seconds and peak RSS: within 0.5 s a
 within 5 s and 400 MB at 10,000 (--hosts 10000). On a shared machine the CPU seconds are the
 steadier figure: the wall time includes waiting for a core. From a first cold run against a
 local Hub-style server, it also prints the bytes a header read fetched against the file's size.
+The command runs as an installed wheel does, this tool's bytecode compiled once and then read
+(tests/hosts/benchkit.cached_bytecode: a checkout under PYTHONDONTWRITEBYTECODE compiles every
+module on every run), and the line "of which" says where its time goes: `plan --help` for the
+interpreter, imports and parser, the command's own timing for loading and planning, the rest
+for writing the JSON and exiting.
 
     python bench/plan_scale.py [--hosts 1000] [--runs 3]
 """
@@ -28,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.gguf_tools import write_tiny_llama  # noqa: E402
+from tests.hosts.benchkit import cached_bytecode  # noqa: E402
 from tests.hosts.hf_server import HFServer  # noqa: E402
 from tests.recipe_tools import example, write_recipe  # noqa: E402
 
@@ -132,6 +138,23 @@ def run_plan(inv: Path, catalog: Path, env: dict[str, str]) -> tuple[float, dict
     return Run(measured["wall_s"], measured["cpu_s"], measured["maxrss_kib"] / 1024), doc
 
 
+def run_startup(env: dict[str, str]) -> float:
+    """Wall seconds of ``plan --help``: the interpreter, the plan command's imports and the
+    argument parser, with nothing planned or written."""
+    argv = [sys.executable, "-m", "tensorless_deploy", "plan", "--help"]
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURED, *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    measured = json.loads(done.stderr.rstrip("\n").split("\n")[-1])
+    if measured["rc"] != 0:
+        sys.exit(f"plan --help failed ({measured['rc']}): {done.stderr[-2000:]}")
+    return float(measured["wall_s"])
+
+
 # The launcher: runs argv, then writes the run's wall time and its own rusage (CPU, peak RSS)
 # as the last line of stderr.
 MEASURED = """
@@ -204,6 +227,7 @@ def main() -> None:
                 "XDG_CACHE_HOME": str(tmp / "cache"),
                 "HF_HUB_DISABLE_TELEMETRY": "1",
                 "NO_COLOR": "1",
+                **cached_bytecode(tmp),  # as installed; the cold run below compiles it once
             }
             cold_run, cold = run_plan(tmp / "inventory.py", tmp / "recipes", env)
             print(f"cold run (headers over HTTP Range, {N_MODELS} files): {cold_run.wall_s:.2f} s")
@@ -223,11 +247,15 @@ def main() -> None:
             hf.reset_stats()
             runs: list[Run] = []
             plans = []
+            totals = []
+            startups: list[float] = []
             for _ in range(a.runs):
                 run, doc = run_plan(tmp / "inventory.py", tmp / "recipes", env)
                 assert all(h["cached"] for m in doc["models"] for h in m["headers"])
                 runs.append(run)
                 plans.append(doc["timing"]["planning_s"])
+                totals.append(doc["timing"]["total_s"])
+                startups.append(run_startup(env))
             walls = [r.wall_s for r in runs]
             requests = sum(c.requests for c in hf.counters.values())
         rows = sum(len(m["placements"]) for m in doc["models"])
@@ -243,6 +271,18 @@ def main() -> None:
         print(
             f"  whole command (subprocess wall):  median {statistics.median(walls):.2f} s "
             f"(runs: {', '.join(f'{x:.2f}' for x in walls)})"
+        )
+        # where the whole command's time goes, per run (timing.total_s: from the command's start,
+        # after imports and the argument parser, until its JSON is written)
+        loading = [t - p for t, p in zip(totals, plans, strict=True)]
+        rest = [r.wall_s - t for r, t in zip(runs, totals, strict=True)]
+        output = [x - y for x, y in zip(rest, startups, strict=True)]
+        print(
+            f"  of which, medians: interpreter, imports and parser "
+            f"{statistics.median(startups):.3f} s (plan --help); "
+            f"inventory and catalog loading {statistics.median(loading):.3f} s;"
+            f" planning {statistics.median(plans):.3f} s; JSON output and exit "
+            f"{statistics.median(output):.3f} s (the rest)"
         )
         verdict = "OK" if statistics.median(plans) < 1.0 else "TOO SLOW"
         print(f"  planning under 1 s: {verdict}")

@@ -525,20 +525,50 @@ def test_a_streamed_plan_is_the_same_bytes_as_the_whole_document(tiny_path: Path
     the chunks fall, with the terminal's controls escaped as emit_json escapes them."""
     import io
 
-    from tensorless_deploy.cli.output import safe, stream_json
+    from tensorless_deploy.cli.output import compact, safe, stream_json
 
     entry = make_entry(tiny_path)
     hosts = [inv_host("a"), inv_host("old", driver_version="470.57.02"), inv_host("b\x1b[2J")]
     hosts.append(plan_host_row("ghost", None, "cannot connect: timed \u202e out"))
+    # the same machines under other names (one a name JSON and the terminal guard escape): their
+    # rows are the first ones renamed, written from one encoded text each
+    hosts += [inv_host("a2"), inv_host("old2", driver_version="470.57.02"), inv_host('q"\\\u202e')]
     mp = plan_model(entry.recipe.model.hf_repo, [entry], hosts, headers_for(entry, tiny_path))
+    renamed = {p.host: p.origin.host for p in mp.placements if p.origin is not None}
+    assert renamed == {
+        "b\x1b[2J": "a",
+        "a2": "a",
+        "old2": "old",
+        'q"\\\u202e': "a",
+    }
     whole = plan_json([mp, mp], PlanOptions(), offline=True)
     whole["timing"] = {"planning_s": 0.5}
     expected = safe(json.dumps(whole, ensure_ascii=False, separators=(",", ":"))) + "\n"
     assert "\\u001b" in expected and "\x1b" not in expected
-    for chunk in (1, 7, 1 << 20):
-        lazy = plan_json([mp, mp], PlanOptions(), offline=True, lazy=True)
+    for chunk, encode in [(1, None), (7, None), (1 << 20, None), (7, compact), (1 << 20, compact)]:
+        lazy = plan_json([mp, mp], PlanOptions(), offline=True, lazy=True, encode=encode)
         assert isinstance(lazy["models"][0]["placements"], Iterator)
         lazy["timing"] = {"planning_s": 0.5}
         out = io.StringIO()
         stream_json(lazy, out, chunk=chunk)
         assert out.getvalue() == expected
+
+
+def test_a_renamed_row_whose_text_holds_a_nul_is_encoded_on_its_own(tiny_path: Path) -> None:
+    """placements_text writes a renamed row from its first row's text with the name put in,
+    unless that text holds a NUL outside the name's stand-in: then row by row, and either way
+    each row's text is what encoding it alone gives."""
+    from tensorless_deploy.cli.output import compact
+    from tensorless_deploy.hostplan.placement import _renamed, placement_json, placements_text
+
+    entry = make_entry(tiny_path)
+    hosts = [inv_host("a"), inv_host("b")]
+    mp = plan_model(entry.recipe.model.hf_repo, [entry], hosts, headers_for(entry, tiny_path))
+    first = mp.placements[0]
+    for notes in [first.notes, (*first.notes, "a GPU said \x00tensorless-host\x00 and \x00")]:
+        row = dataclasses.replace(first, notes=notes)
+        rows = (row, _renamed(row, "b"), _renamed(row, 'c"\\\x00'))
+        shown = dataclasses.replace(mp, placements=rows, best=row)
+        expected = [compact(placement_json(p, shown.alternative(p))) for p in rows]
+        assert list(placements_text(shown, compact)) == expected
+        assert '"host":"c\\"\\\\\\u0000"' in expected[2]

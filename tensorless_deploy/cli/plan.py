@@ -15,7 +15,7 @@ from tensorless_deploy.cli.common import (
     recipes_flag,
     serving_flags,
 )
-from tensorless_deploy.cli.output import emit_json, paint, stream_json, table
+from tensorless_deploy.cli.output import compact, emit_json, paint, stream_json, table
 from tensorless_deploy.decisions.cards import describe as describe_ceiling
 from tensorless_deploy.errors import UsageError
 
@@ -161,7 +161,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     planning_s = time.perf_counter() - t_plan
     if args.json:
         large = sum(len(mp.placements) for mp in plans) > JSON_INDENT_MAX_ROWS
-        doc = plan_json(plans, options, offline=args.offline, lazy=large)
+        doc = plan_json(
+            plans, options, offline=args.offline, lazy=large, encode=compact if large else None
+        )
         doc["timing"] = {
             "planning_s": round(planning_s, 4),
             "total_s": round(time.perf_counter() - t0, 4),

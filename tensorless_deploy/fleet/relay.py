@@ -136,7 +136,9 @@ def known_line(transport: Any) -> tuple[str, int, str, str]:
     return addr, port, transport.get_username(), f"{name} {key.get_name()} {key.get_base64()}"
 
 
-def _exec(transport: Any, command: str, stdin: bytes = b"", timeout: float | None = None) -> Any:
+def run_channel(
+    transport: Any, command: str, stdin: bytes = b"", timeout: float | None = None
+) -> Any:
     """command on its own channel: (exit status, stdout, stderr), stdin written and closed."""
     channel = transport.open_session()
     try:
@@ -217,7 +219,9 @@ class Relay:
             hop.kind, hop.error = "cut", "a relay needs both hosts connected over SSH"
             return None
         addr, port, user, known = known_line(r_t)
-        code, out, err = _exec(s_t, f"ip -o route get {shlex.quote(addr)}", timeout=HOP_TIMEOUT_S)
+        code, out, err = run_channel(
+            s_t, f"ip -o route get {shlex.quote(addr)}", timeout=HOP_TIMEOUT_S
+        )
         found = re.search(r"\bsrc (\S+)", out)
         if code != 0 or found is None:
             hop.kind = "cut"
@@ -235,7 +239,7 @@ class Relay:
         forced = host_command(self.state, dst, f"sh {shlex.quote(where)}/receive.sh")
         line = authorized_line(public, found.group(1), forced)
         grant = _script(self.state, dst, "relay-grant", dir=where, line=line)
-        code, out, err = _exec(r_t, grant, receive.encode(), timeout=HOP_TIMEOUT_S)
+        code, out, err = run_channel(r_t, grant, receive.encode(), timeout=HOP_TIMEOUT_S)
         if code != 0:
             hop.kind, hop.error = "cut", f"access not granted on {hop.receiver}: {_short(err)}"
             return None
@@ -255,7 +259,7 @@ class Relay:
                 user=user,
                 known=known,
             )
-            code, out, err = _exec(s_t, send, private)
+            code, out, err = run_channel(s_t, send, private)
         finally:
             self.revoke(hop.receiver, mark)
         if code == UNVERIFIED:
@@ -298,7 +302,9 @@ class Relay:
         if transport is None or not transport.is_active():
             return
         p = shlex.quote(self.copy.remote[name])
-        _exec(transport, host_command(self.state, self.by_name[name], f"rm -f {p} {p}.sha256"))
+        run_channel(
+            transport, host_command(self.state, self.by_name[name], f"rm -f {p} {p}.sha256")
+        )
 
     def revoke(self, name: str, pattern: str) -> str:
         """The run's access (hops matching pattern) taken away on one host; '' or why not."""
@@ -309,7 +315,7 @@ class Relay:
             self.state, self.by_name[name], "relay-revoke", root=RELAY_ROOT, pattern=pattern
         )
         try:
-            code, _, err = _exec(transport, cmd, timeout=HOP_TIMEOUT_S)
+            code, _, err = run_channel(transport, cmd, timeout=HOP_TIMEOUT_S)
         except (OSError, EOFError) as exc:
             return f"{name}: its relay access could not be revoked: {exc}"
         return "" if code == 0 else f"{name}: its relay access could not be revoked: {_short(err)}"

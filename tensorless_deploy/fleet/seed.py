@@ -123,7 +123,7 @@ def download(
     """The model downloaded on host itself, as its model operation would download it (the same
     script, parameters, token file and lock owner), before the run's operations: None, or why
     it failed."""
-    from tensorless_deploy.fleet.relay import _exec
+    from tensorless_deploy.fleet.relay import run_channel
     from tensorless_deploy.operations._run import script
     from tensorless_deploy.operations.model import SECRETS_DIR, download_params
     from tensorless_deploy.operations.secrets import secret_command
@@ -140,7 +140,7 @@ def download(
         auth = posixpath.join(SECRETS_DIR, f"hf-auth-{m.sha256[:16]}")
         header = f"Authorization: Bearer {secret}\n"  # through stdin, never argv
         write = host_command(state, host, secret_command(auth, header))
-        rc, _, err = _exec(transport, write, stdin=header.encode(), timeout=60)
+        rc, _, err = run_channel(transport, write, stdin=header.encode(), timeout=60)
         if rc != 0:
             return f"writing the Hub token file failed: {' '.join(err.split())[-300:]}"
     held = fleet_of(state).locks.get(host.name)
@@ -152,7 +152,7 @@ def download(
     )
     p = plan.paths
     with DownloadWatch({host.name: host}, {host.name: (p.partial, p.blob, m.size_bytes)}, progress):
-        rc, _, err = _exec(transport, host_command(state, host, command))
+        rc, _, err = run_channel(transport, host_command(state, host, command))
     if rc != 0:
         return " ".join(err.split())[-300:] or f"model-download exited {rc}"
     return None

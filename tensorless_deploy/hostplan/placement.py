@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -111,6 +112,9 @@ class Placement:
     memory: kv.MemoryEstimate | None = None  # need at default_context_tokens
     card_memory: CardMemory | None = None
     notes: tuple[str, ...] = ()
+    # the row this one is a renamed copy of (_host_rows: a host whose facts and options equal an
+    # earlier host's): the same row under another name, which plan_json(encode=...) encodes once
+    origin: Placement | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -209,6 +213,7 @@ def _renamed(row: Placement, host: str) -> Placement:
     every field (a third of planning at 10,000 hosts, bench/plan_scale.py)."""
     new = copy.copy(row)
     object.__setattr__(new, "host", host)
+    object.__setattr__(new, "origin", row.origin or row)
     return new
 
 
@@ -531,15 +536,63 @@ def _placements_json(mp: ModelPlan) -> Iterator[dict[str, Any]]:
     return (placement_json(p, mp.alternative(p)) for p in mp.placements)
 
 
+# Stands for the host's name while a renamed row's JSON text is made once. JSON escapes each
+# character on its own, so the escaped name can replace the escaped stand-in wherever the row
+# writes the name, inside other strings too (compatibility_detail). The NULs are checked: a
+# text with one outside a stand-in (a row whose own strings hold a NUL, or that wrote only part
+# of the name) is encoded row by row instead. Random per process: no input can spell it.
+_NAME = f"\x00{os.urandom(8).hex()}\x00"
+
+
+def placements_text(mp: ModelPlan, compact: Callable[[Any], str]) -> Iterator[str]:
+    """Each row's JSON text, as compact(placement_json(row, ...)) gives it; the rows that are one
+    row under several names (Placement.origin) are encoded once, with each row's own name put
+    in, so a fleet of identical machines encodes each distinct row once (bench/plan_scale.py)."""
+    made: dict[tuple[int, bool], tuple[str, str] | None] = {}
+    for p in mp.placements:
+        alternative = mp.alternative(p)
+        key = (id(p.origin or p), alternative)
+        if key not in made:
+            made[key] = _template(p.origin or p, alternative, compact)
+        template = made[key]
+        if template is None:
+            yield compact(placement_json(p, alternative))
+        else:
+            text, name = template
+            # the same kind of text compact makes (cli.output.Encoded: written as it is)
+            yield type(text)(text.replace(name, compact(p.host)[1:-1]))
+
+
+def _template(
+    base: Placement, alternative: bool, compact: Callable[[Any], str]
+) -> tuple[str, str] | None:
+    """base's JSON text with _NAME as its host, and _NAME as JSON escapes it (no quotes); None
+    when the text holds a NUL outside those stand-ins."""
+    text = compact(placement_json(_renamed(base, _NAME), alternative))
+    name = compact(_NAME)[1:-1]
+    nul = compact("\x00")[1:-1]
+    return (text, name) if text.count(nul) == 2 * text.count(name) else None
+
+
+def _lazy_rows(mp: ModelPlan, encode: Callable[[Any], str] | None) -> Iterator[Any]:
+    return _placements_json(mp) if encode is None else placements_text(mp, encode)
+
+
 # 2: placements follow PlacementPreview's value rules (docs/plan.md)
 PLAN_JSON_SCHEMA = 2
 
 
 def plan_json(
-    plans: Sequence[ModelPlan], options: PlanOptions, offline: bool, *, lazy: bool = False
+    plans: Sequence[ModelPlan],
+    options: PlanOptions,
+    offline: bool,
+    *,
+    lazy: bool = False,
+    encode: Callable[[Any], str] | None = None,
 ) -> dict[str, Any]:
     """The plan as JSON data; lazy: each model's placements an iterator of row dicts, made as
-    they are written (cli.output.stream_json), for a fleet too large to hold them all."""
+    they are written (cli.output.stream_json), for a fleet too large to hold them all; with
+    encode (lazy only), an iterator of each row's text as encode writes it (placements_text)."""
     models = []
     for mp in plans:
         best = mp.best
@@ -566,7 +619,7 @@ def plan_json(
                     }
                     for card, cc, c in mp.ceilings
                 ],
-                "placements": _placements_json(mp) if lazy else list(_placements_json(mp)),
+                "placements": _lazy_rows(mp, encode) if lazy else list(_placements_json(mp)),
             }
         )
     return {
