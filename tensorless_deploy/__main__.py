@@ -1,7 +1,5 @@
 """python -m tensorless_deploy."""
 
-import sys
+from tensorless_deploy.cli import entry
 
-from tensorless_deploy.cli import main
-
-sys.exit(main())
+entry()

@@ -13,6 +13,7 @@ fetched by commit has no branch pointing at it, which the Hub tools call a *deta
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 from dataclasses import dataclass
@@ -119,6 +120,7 @@ def stamp_text(size: int, mtime: int, path: str) -> str:
     return f"{size} {mtime} {path}"
 
 
+@functools.lru_cache(maxsize=1024)  # pure, and asked once per host and model by a plan
 def cache_paths(
     cache: str, state_dir: str, repo: str, revision: str, filename: str, sha256: str
 ) -> CachePaths:

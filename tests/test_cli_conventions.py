@@ -158,3 +158,31 @@ def test_a_closed_pipe_ends_quietly(command: str) -> None:
     )
     assert proc.returncode == 141, proc.stderr  # 128 + SIGPIPE, as a shell reports a filter
     assert proc.stderr == "", proc.stderr
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_a_command_leaves_with_its_code_its_output_and_its_exit_functions(thread: bool) -> None:
+    """cli.leave (the console script's and python -m's way out) skips the interpreter's
+    teardown, not what a normal exit does: its code, every buffered byte, the atexit functions,
+    and a thread still working is waited for."""
+    import subprocess
+    import sys
+
+    program = (
+        "import atexit, sys, threading, time\n"
+        "from tensorless_deploy.cli import leave\n"
+        "atexit.register(lambda: print('exit functions ran', file=sys.stderr))\n"
+        "def late():\n"
+        "    time.sleep(0.3)\n"
+        "    print('the thread finished', file=sys.stderr)\n"
+        f"if {thread}: threading.Thread(target=late).start()\n"
+        "sys.stdout.write('buffered, never flushed by the program')\n"
+        "leave(3)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3
+    assert proc.stdout == "buffered, never flushed by the program"
+    assert "exit functions ran" in proc.stderr
+    assert ("the thread finished" in proc.stderr) is thread

@@ -156,13 +156,15 @@ def test_the_offline_reader_refuses_what_pyinfras_path_refuses(
     assert errors[0] == errors[1] and needle in errors[0], errors
 
 
+# the command exits through cli.leave, which runs the atexit functions and nothing after them
 PROBE = (
-    "import sys, runpy; sys.argv = ['tensorless-deploy', *sys.argv[1:]]\n"
-    "try: runpy.run_module('tensorless_deploy', run_name='__main__')\n"
-    "except SystemExit as e: code = e.code\n"
-    "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+    "import atexit, json, sys, runpy; sys.argv = ['tensorless-deploy', *sys.argv[1:]]\n"
+    "def said():\n"
+    "    heavy = sorted({m.split('.')[0] for m in sys.modules} & "
     "{'pyinfra', 'pyinfra_cli', 'paramiko', 'gevent', 'numpy'})\n"
-    "print('IMPORTED', __import__('json').dumps(heavy), file=sys.stderr)\n"
+    "    print('IMPORTED', json.dumps(heavy), file=sys.stderr)\n"
+    "atexit.register(said)\n"
+    "runpy.run_module('tensorless_deploy', run_name='__main__')\n"
 )
 
 
@@ -199,3 +201,36 @@ def test_an_offline_plan_imports_no_ssh_stack(tmp_path: Path) -> None:
     assert [p["host"] for m in doc["models"] for p in m["placements"]] == ["p100"]
     line = next(x for x in proc.stderr.splitlines() if x.startswith("IMPORTED "))
     assert json.loads(line.removeprefix("IMPORTED ")) == []
+
+
+def test_offline_hosts_with_the_same_settings_share_one_options_and_one_facts(
+    tmp_path: Path,
+) -> None:
+    """Equal settings give one Options object and equal GPUs one HostFacts (the planner then
+    finds equal hosts by identity); other settings their own; a bad value still names the
+    host that has it."""
+    from tensorless_deploy.decisions.options import Flags
+    from tensorless_deploy.fleet.inventory import offline_hosts, select_hosts
+
+    inventory = tmp_path / "inv.py"
+    rows = [
+        ("a", {"tensorless_gpus": [P100]}),
+        ("b", {"tensorless_gpus": [P100]}),
+        ("c", {"tensorless_gpus": [P100], "tensorless_port": 9000}),
+        ("d", {"tensorless_gpus": [{**P100, "memory_used_mib": 100}], "tensorless_port": 9000}),
+    ]
+    inventory.write_text(f"hosts = {rows!r}\n", encoding="utf-8")
+    hosts = offline_hosts(
+        select_hosts(load_inventory(str(inventory), False, offline=True), []), Flags()
+    )
+    a, b, c, d = hosts
+    assert a.options is b.options and a.facts is b.facts
+    assert c.options is d.options and c.options is not a.options
+    assert (a.options.port, c.options.port) == (8080, 9000)
+    assert c.facts is a.facts and d.facts is not a.facts
+    rows.append(("e", {"tensorless_gpus": [P100], "tensorless_port": 99999}))
+    inventory.write_text(f"hosts = {rows!r}\n", encoding="utf-8")
+    with pytest.raises(InventoryError, match=r"^e: tensorless_port: "):
+        offline_hosts(
+            select_hosts(load_inventory(str(inventory), False, offline=True), []), Flags()
+        )

@@ -169,8 +169,13 @@ def stream_json(data: Any, stream: TextIO | None = None, chunk: int = 1 << 20) -
     flush()
 
 
+# json.dumps(value, ensure_ascii=False, separators=(",", ":")), without making an encoder per
+# value (a plan over 1,000 hosts encodes 23,000 of them)
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT.encode(value)
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:

@@ -9,6 +9,7 @@ of a card, and they change when NVIDIA retires a family, not when a recipe is me
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -43,6 +44,7 @@ def cc_tuple(compute_capability: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+@functools.lru_cache(maxsize=64)  # a fleet has a few kinds of card; a plan asks for each card
 def ceiling_for(compute_capability: str) -> Ceiling | None:
     """The ceilings of a card of this compute capability ("6.0"); None: none known (a card
     that every current branch, both module flavours and every CUDA major still serve)."""

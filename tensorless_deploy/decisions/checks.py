@@ -4,6 +4,7 @@ so doctor, plan, deploy and run read the same verdict."""
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ GPU_HUNG_FIX = (
 )
 
 
+@functools.lru_cache(maxsize=256)  # a fleet has few driver versions; every card asks
 def version_tuple(text: str) -> tuple[int, ...]:
     """'525.60.13' -> (525, 60, 13); anything that is not digits and dots sorts lowest."""
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", text):
@@ -97,8 +99,11 @@ class GpuMatch:
 def match_gpus(recipe: Recipe, gpus: Sequence[Gpu]) -> GpuMatch:
     fits = [g for g in gpus if gpu_fits_card(g, recipe)]
     usable = tuple(g for g in fits if driver_at_least(g.driver_version, recipe.card.min_driver))
-    old = tuple(g for g in fits if g not in usable)
-    return GpuMatch(usable, old, tuple(g for g in gpus if g not in fits))
+    # by identity: each card once, without comparing every field of it
+    taken = {id(g) for g in usable}
+    old = tuple(g for g in fits if id(g) not in taken)
+    matched = {id(g) for g in fits}
+    return GpuMatch(usable, old, tuple(g for g in gpus if id(g) not in matched))
 
 
 def state_refusal(recipe: Recipe, action: Action, allow_draft: bool) -> str | None:
@@ -649,6 +654,7 @@ def _port_check(
     return [Check("port.free", "ok", "; ".join(seen))] if seen else []
 
 
+@functools.lru_cache(maxsize=64)  # every host's plan asks of the same few addresses
 def is_loopback(bind: str) -> bool:
     try:
         return ipaddress.ip_address(bind).is_loopback

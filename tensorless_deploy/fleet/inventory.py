@@ -430,6 +430,22 @@ def select_hosts(inventory: Any, limit: Sequence[str]) -> list[Any]:
     return [h for h in hosts if h.name in limit]
 
 
+def _options_shared(host: Any, flags: Flags, resolved: dict[str, Options]) -> Options:
+    """options_for(host, flags), the same Options object for hosts with the same settings (their
+    tensorless_* data but the GPUs, compared as JSON); data that is not plain JSON is resolved
+    on its own."""
+    data = host_data(host)
+    data.pop(DATA_GPUS, None)
+    try:
+        key = json.dumps(data, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return options_for(host, flags)
+    options = resolved.get(key)
+    if options is None:
+        options = resolved[key] = options_for(host, flags)
+    return options
+
+
 def offline_hosts(hosts: Sequence[Any], flags: Flags) -> list[SurveyedHost]:
     """Host facts from inventory data (tensorless_gpus), without connecting; data of the wrong
     shape is an inventory error naming the host and the key."""
@@ -438,10 +454,13 @@ def offline_hosts(hosts: Sequence[Any], flags: Flags) -> list[SurveyedHost]:
 
     out = []
     # A fleet lists the same machine many times: equal data gives one HostFacts, read once and
-    # shared (the planner's rows for equal facts are then found by identity, not compared).
+    # shared, and equal settings one Options (the planner's rows for equal facts and options
+    # are then found by identity, not compared). Only a host's errors name it, so the options
+    # resolved for one host's settings are the options of any host with the same settings.
     read: dict[str, Any] = {}
+    resolved: dict[str, Options] = {}
     for h in hosts:
-        options = options_for(h, flags)
+        options = _options_shared(h, flags, resolved)
         gpus = h.data.get(DATA_GPUS) if h.data is not None else None
         if gpus is None:
             why = f"--offline: no {DATA_GPUS} in its inventory data (add it, or plan over SSH)"

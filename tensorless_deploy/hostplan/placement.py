@@ -22,8 +22,8 @@ alternative, card_digest), brought to an SSH inventory of single-card llama-serv
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -169,6 +169,9 @@ class _Recipes:
         self._driver: dict[tuple[str | None, str], bool] = {}
         # hosts with equal facts and options get equal rows but for their name: planned once
         self.rows: dict[tuple[HostFacts, Options], list[Placement]] = {}
+        # the same rows found by the identity of the facts and options objects (an offline
+        # inventory shares one of each among equal hosts): no hash of the facts per host
+        self.same: dict[tuple[int, int], tuple[HostFacts, Options, list[Placement]]] = {}
 
     def driver_ok(self, have: str | None, need: str) -> bool:
         key = (have, need)
@@ -195,25 +198,32 @@ def _host_rows(model: str, host: SurveyedHost, rc: _Recipes) -> list[Placement]:
     identical machines, offline inventory data) reuses that host's rows under its own name.
     Nothing in a row but its host depends on the name (the host plan's checks, cards, units and
     addresses come from facts and options alone)."""
-    if host.facts is None:
+    facts, options = host.facts, host.options
+    if facts is None:
         return _rows_of(model, host, rc)
-    key = (host.facts, host.options)
+    same = rc.same.get((id(facts), id(options)))
+    if same is not None and same[0] is facts and same[1] is options:
+        return [_renamed(r, host.name) for r in same[2]]
     try:
-        done = rc.rows.get(key)
+        done = rc.rows.get((facts, options))
     except TypeError:  # facts with unhashable parts (a surveyed host's unit labels)
         return _rows_of(model, host, rc)
+    first = done is None
     if done is None:
-        done = rc.rows[key] = _rows_of(model, host, rc)
-        return done
-    return [_renamed(r, host.name) for r in done]
+        done = rc.rows[(facts, options)] = _rows_of(model, host, rc)
+    rc.same[(id(facts), id(options))] = (facts, options, done)
+    return done if first else [_renamed(r, host.name) for r in done]
 
 
 def _renamed(row: Placement, host: str) -> Placement:
     """The row under another host's name: dataclasses.replace without re-running __init__ over
-    every field (a third of planning at 10,000 hosts, bench/plan_scale.py)."""
-    new = copy.copy(row)
-    object.__setattr__(new, "host", host)
-    object.__setattr__(new, "origin", row.origin or row)
+    every field, nor copy.copy's generic path (together a third of planning at 10,000 hosts,
+    bench/plan_scale.py)."""
+    new = object.__new__(Placement)
+    fields = new.__dict__
+    fields.update(row.__dict__)
+    fields["host"] = host
+    fields["origin"] = row.origin or row
     return new
 
 
@@ -549,6 +559,7 @@ def placements_text(mp: ModelPlan, compact: Callable[[Any], str]) -> Iterator[st
     row under several names (Placement.origin) are encoded once, with each row's own name put
     in, so a fleet of identical machines encodes each distinct row once (bench/plan_scale.py)."""
     made: dict[tuple[int, bool], tuple[str, str] | None] = {}
+    names: dict[str, str] = {}  # each host's name as compact escapes it (no quotes)
     for p in mp.placements:
         alternative = mp.alternative(p)
         key = (id(p.origin or p), alternative)
@@ -559,8 +570,11 @@ def placements_text(mp: ModelPlan, compact: Callable[[Any], str]) -> Iterator[st
             yield compact(placement_json(p, alternative))
         else:
             text, name = template
+            escaped = names.get(p.host)
+            if escaped is None:
+                escaped = names[p.host] = compact(p.host)[1:-1]
             # the same kind of text compact makes (cli.output.Encoded: written as it is)
-            yield type(text)(text.replace(name, compact(p.host)[1:-1]))
+            yield type(text)(text.replace(name, escaped))
 
 
 def _template(
@@ -569,9 +583,14 @@ def _template(
     """base's JSON text with _NAME as its host, and _NAME as JSON escapes it (no quotes); None
     when the text holds a NUL outside those stand-ins."""
     text = compact(placement_json(_renamed(base, _NAME), alternative))
-    name = compact(_NAME)[1:-1]
-    nul = compact("\x00")[1:-1]
+    name, nul = _escaped(compact)
     return (text, name) if text.count(nul) == 2 * text.count(name) else None
+
+
+@functools.lru_cache(maxsize=4)
+def _escaped(compact: Callable[[Any], str]) -> tuple[str, str]:
+    """_NAME and a NUL as compact escapes them (no quotes)."""
+    return compact(_NAME)[1:-1], compact("\x00")[1:-1]
 
 
 def _lazy_rows(mp: ModelPlan, encode: Callable[[Any], str] | None) -> Iterator[Any]:

@@ -14,6 +14,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tensorless_deploy.decisions.checks import (
     Check,
@@ -289,16 +290,15 @@ def instance_spec(
     export target's) passes to build_launch_spec. gpus: its cards (none: the target's scheduler
     picks one); bind: where llama-server binds, when not options.bind (in a pod, its own
     address)."""
-    return build_launch_spec(
-        recipe,
+    values: dict[str, Any] = dict(
         engine=engine,
         model_path=model_path,
-        gpu_uuids=[g.uuid for g in gpus if g.uuid is not None],
+        gpu_uuids=tuple(g.uuid for g in gpus if g.uuid is not None),
         cpus=cpus,
         port=port,
         bind=options.bind if bind is None else bind,
         context=options.context,
-        extra_args=options.extra_args,
+        extra_args=tuple(options.extra_args),
         name=name,
         api_key=options.api_key_file is not None,
         tls=options.tls,
@@ -309,6 +309,21 @@ def instance_spec(
         device=expected_device(recipe.engine.arch, gpus),
         cors_origins=options.cors_origins,
     )
+    # a spec is a pure, immutable value of these: made once per distinct set (a plan over a
+    # fleet asks for the same instance on every host with the same cards)
+    key = (id(recipe), *values.values())
+    hit = _SPECS.get(key)
+    if hit is not None and hit[0] is recipe:
+        return hit[1]
+    spec = build_launch_spec(recipe, **values)
+    if len(_SPECS) >= _SPECS_MAX:
+        _SPECS.clear()
+    _SPECS[key] = (recipe, spec)
+    return spec
+
+
+_SPECS: dict[tuple[Any, ...], tuple[Recipe, LaunchSpec]] = {}  # key -> (recipe kept, spec)
+_SPECS_MAX = 4096
 
 
 def surplus_units(

@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from tensorless_deploy.errors import TensorlessError
 from tensorless_deploy.launch.container import (
@@ -27,6 +26,9 @@ from tensorless_deploy.launch.spec import (
     LaunchSpec,
 )
 from tensorless_deploy.shell import QUADLET_DIR, SYSTEMD_DIR
+
+if TYPE_CHECKING:
+    import jinja2
 
 # C0 controls (newline, carriage return, tab, escape...), DEL and the C1 controls (NEL...).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -115,6 +117,9 @@ def templates_dir() -> Path:
 
 @cache
 def _env() -> jinja2.Environment:
+    # imported here: a command that renders no unit (plan, run) does not pay for jinja2
+    import jinja2
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
