@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,9 @@ ALWAYS_BOUND = {
 
 
 def sections_of(command: str) -> list[str]:
-    prefix = f"echo '{SECTION_MARKER}"
-    return [line[len(prefix) : -1] for line in command.splitlines() if line.startswith(prefix)]
+    """The sections a survey script prints, in order (its td_frame lines: N HEAD EXIT)."""
+    heads = [shlex.split(x)[2] for x in command.splitlines() if x.startswith("td_frame ")]
+    return [head.removeprefix(SECTION_MARKER) for head in heads]
 
 
 def test_every_fact_has_scenarios_and_every_folder_a_fact() -> None:

@@ -613,11 +613,14 @@ _UNIT_FILE = re.compile(r"/(tensorless-[A-Za-z0-9._@-]+)\.(container|service)")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def parse_tool_state(output: str, exit_code: int) -> ToolState:
+def parse_tool_state(
+    output: str, exit_code: int, listed: tuple[str, int] | None = None
+) -> ToolState:
     """The survey's ``tensorless`` section (facts/scripts/tool-state.sh): the unit blocks of
     units.sh (``parse_unit_blocks``), then ``@blob SIZE MTIME PATH`` (then ``@stamp TEXT``),
-    ``@image REF`` and ``@images-ok ENGINE`` once that engine listed its images, ``@link TARGET
-    PATH`` per snapshot link."""
+    ``@image REF`` and ``@images-ok ENGINE`` once that engine listed its images, or ``@images-in
+    SECTION ENGINE`` when another section listed them (listed: that section's text and exit
+    status, a ``REF ...`` line per image), ``@link TARGET PATH`` per snapshot link."""
     if exit_code != 0:
         raise FactError(f"tool state: the survey section exited {exit_code}: {output.strip()}")
     blobs: list[ModelBlobFile] = []
@@ -637,6 +640,9 @@ def parse_tool_state(output: str, exit_code: int) -> ToolState:
             images.append(rest.strip())
         elif word == "@images-ok":
             images_engine = rest.strip() or None
+        elif word == "@images-in" and listed is not None and listed[1] == 0:
+            images += [x.split(" ", 1)[0] for x in listed[0].splitlines() if x.strip()]
+            images_engine = rest.split(" ")[-1].strip() or None
         elif word == "@link":
             target, _, link = rest.partition(" ")
             if target and link:
@@ -717,9 +723,9 @@ def _code(text: str) -> int:
 
 
 def _systemd(unit: dict[str, Any], rest: str) -> None:
-    # `systemctl show --value -p NRestarts -p Result -p SubState` prints the values in systemd's
-    # own order (Result first on systemd 252 and 257), not the order asked: each is told by its
-    # form
+    # units.sh prints NRestarts, Result and SubState; surveys before it printed `systemctl show
+    # --value`'s, in systemd's own order (Result first on systemd 252 and 257): each is told by
+    # its form
     for word in rest.split():
         if word.isdigit():
             unit["restarts"] = int(word)

@@ -158,11 +158,16 @@ def driver_sections() -> tuple[Section, ...]:
         Section("nvidia-health", f"{_need('nvidia-smi')}; nvidia-smi -q -x"),
         driver_packages_section(),
         Section(
-            "engine-labels",
+            ENGINE_LABELS,
             f"{_need('podman')}; podman images --no-trunc --digests --format "
             "'{{.Repository}}@{{.Digest}} {{json .Labels}}'",
         ),
     )
+
+
+# The section that lists podman's images with their labels; the tool's state takes podman's
+# image list from it rather than asking podman again.
+ENGINE_LABELS = "engine-labels"
 
 
 def device_sections() -> tuple[Section, ...]:
@@ -268,6 +273,7 @@ def tool_sections(models_dir: str = DEFAULT_MODELS_DIR) -> tuple[Section, ...]:
         models_dir=models_dir,
         state_dir=host_state_dir(models_dir),
         device_re=DEVICE_LINE,
+        podman_images=ENGINE_LABELS,
     )
     return (Section("tensorless", bound),)
 
@@ -318,10 +324,10 @@ def survey_script(sections: Iterable[Section]) -> str:
     parts = [bound_preamble()]
     parts += [f"td_start {PROBE_TIMEOUT_S} {shlex.quote(s.script)}" for s in sections]
     parts.append("td_wait")
-    for section in sections:
-        parts.append(f"echo '{SECTION_MARKER}{section.name}'")
-        parts.append("td_show")
-        parts.append(f'echo "{EXIT_MARKER}$?"')
+    exit_marker = shlex.quote(EXIT_MARKER)
+    for n, section in enumerate(sections, 1):
+        parts.append(f"td_frame {n} {shlex.quote(SECTION_MARKER + section.name)} {exit_marker}")
+    parts.append("td_emit")
     parts.append("exit 0")
     return "\n".join(parts)
 
@@ -415,7 +421,7 @@ def read_driver_packages(sections: Mapping[str, SectionOutput]) -> DriverPackage
 
 
 def read_engine_labels(sections: Mapping[str, SectionOutput]) -> dict[str, EngineImage]:
-    images = _section(sections, "engine-labels")
+    images = _section(sections, ENGINE_LABELS)
     return parse_engine_labels(images.text, images.exit_code)
 
 
@@ -507,7 +513,10 @@ def read_gpu_apps(sections: Mapping[str, SectionOutput]) -> tuple[GpuApp, ...] |
 
 def read_tool(sections: Mapping[str, SectionOutput]) -> ToolState:
     tool = _section(sections, "tensorless")
-    return parse_tool_state(tool.text, tool.exit_code)
+    listed = sections.get(ENGINE_LABELS)
+    return parse_tool_state(
+        tool.text, tool.exit_code, None if listed is None else (listed.text, listed.exit_code)
+    )
 
 
 # --- HostFacts ---------------------------------------------------------------------------------
@@ -608,8 +617,8 @@ def host_facts_from_survey(output: str | Iterable[str]) -> HostFacts:
         module=read("nvidia-module", read_module) if "nvidia-module" in sections else None,
         kernel_log=read("kernel-nvrm", read_kernel_log) if "kernel-nvrm" in sections else None,
         health=read("nvidia-health", read_health) if "nvidia-health" in sections else None,
-        engine_images=read("engine-labels", read_engine_labels)
-        if "engine-labels" in sections
+        engine_images=read(ENGINE_LABELS, read_engine_labels)
+        if ENGINE_LABELS in sections
         else None,
         driver_packages=read("driver-packages", read_driver_packages)
         if "driver-packages" in sections

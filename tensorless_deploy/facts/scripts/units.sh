@@ -23,9 +23,21 @@ read_units() {
     [ "$n" = "$td_door_unit" ] && continue  # the front door's: no model's unit
     case "$f" in *.container) k=quadlet;; *) k=service;; esac
     echo "@@unit $n $k $f"
-    active=$(systemctl is-active "$n.service" 2>/dev/null)
+    # systemd's view in one call (is-active prints ActiveState); its lines come in its own order
+    active='' restarts='' result='' sub='' inv=''
+    while IFS='=' read -r key value; do
+      case $key in
+        ActiveState) active=$value ;;
+        NRestarts) restarts=$value ;;
+        Result) result=$value ;;
+        SubState) sub=$value ;;
+        InvocationID) inv=$value ;;
+      esac
+    done <<UNIT
+$(systemctl show -p ActiveState -p NRestarts -p Result -p SubState -p InvocationID "$n.service" 2>/dev/null)
+UNIT
     echo "@@active $active"
-    echo "@@systemd $(systemctl show -p NRestarts -p Result -p SubState --value "$n.service" 2>/dev/null | tr '\n' ' ')"
+    echo "@@systemd $restarts $result $sub"
     echo "@@sha $(hashit "$f") $(cat "$f.tensorless-sha" 2>/dev/null)"
     if [ -f "$f.tensorless-prev" ]; then
       echo "@@prev $(hashit "$f.tensorless-prev")"
@@ -34,7 +46,6 @@ read_units() {
     sed 's/^/@@text /' "$f"
     [ -z "$containers" ] || inspect_container "$n"
     if [ -n "$device_re" ] && [ "$active" = active ]; then
-      inv=$(systemctl show -p InvocationID --value "$n.service" 2>/dev/null)
       [ -n "$inv" ] && journalctl -q --no-pager -o cat _SYSTEMD_INVOCATION_ID="$inv" 2>/dev/null |
         grep -E -m 40 "$device_re" | sed 's/^/@@device /'
     fi
