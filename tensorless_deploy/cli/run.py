@@ -27,8 +27,10 @@ from tensorless_deploy.errors import TensorlessError, UsageError
 
 if TYPE_CHECKING:
     from tensorless_deploy.cli import Command
+    from tensorless_deploy.facts.values import HostFacts
     from tensorless_deploy.fleet.bundle import Bundle
     from tensorless_deploy.hostplan.plan import HostPlan
+    from tensorless_deploy.local.facts import LocalSurvey
     from tensorless_deploy.recipe.schema import Recipe
 
 HERE = "this machine"
@@ -50,26 +52,37 @@ def _refusal(plan: HostPlan, model: str) -> TensorlessError | None:
     return None
 
 
-def _local_plan(
-    args: argparse.Namespace, dry: bool, bundle: Bundle | None = None
-) -> tuple[HostPlan, HostPlan, TensorlessError | None]:
+LocalPlan = tuple["HostPlan", "HostPlan", "TensorlessError | None", "HostFacts"]
+
+
+def _local_plan(args: argparse.Namespace, dry: bool, bundle: Bundle | None = None) -> LocalPlan:
     """This machine's host plan for MODEL, the model in this machine's Hugging Face cache; the
     seed's state table and the failed checks refuse here, before anything is fetched. With dry:
     the plan shown (a preview card's where --card names one this machine lacks), this machine's
-    own plan, and what a real run would refuse with (the dry run exits with its status)."""
+    own plan, and what a real run would refuse with (the dry run exits with its status); and the
+    survey's facts of this machine."""
+    from tensorless_deploy.hub import cache_dir
+    from tensorless_deploy.local.facts import LocalSurvey
+
+    cache = cache_dir()
+    # the survey runs (a shell and its probes) while the rest is imported, loaded and decided
+    with LocalSurvey(cache) as survey:
+        return _local_plan_with(args, dry, bundle, cache, survey)
+
+
+def _local_plan_with(
+    args: argparse.Namespace, dry: bool, bundle: Bundle | None, cache: str, survey: LocalSurvey
+) -> LocalPlan:
     from tensorless_deploy.decisions.checks import state_refusal
     from tensorless_deploy.decisions.options import resolve
     from tensorless_deploy.gguf.sizing import read_sizings
     from tensorless_deploy.hostplan.plan import plan_host, select, with_preview_card
-    from tensorless_deploy.hub import cache_dir
-    from tensorless_deploy.local.facts import local_facts
     from tensorless_deploy.local.run import local_secrets_root
 
     catalog = catalog_of(args, bundle)
     card = getattr(args, "card", None)
     entries = [catalog.card(args.model, card)] if card else catalog.find(args.model)
     flags = access_from(args, flags_from(args, **RUN_FLAG_NAMES))
-    cache = cache_dir()
     # the Hub cache is where huggingface_hub puts it, whatever its path: not an operator option;
     # a foreground run is one instance: the card --gpu names, else the first that matches
     options = dataclasses.replace(
@@ -77,9 +90,9 @@ def _local_plan(
         models_dir=cache,
         instances=flags.instances if flags.instances is not None else 1,
     )
-    facts = local_facts(cache)
     secrets = local_secrets_root()
     sizing = read_sizings([(e.path, e.recipe) for e in entries])  # the memory verdict's input
+    facts = survey.facts()
     plan = plan_host(
         HERE, facts, entries, options, sizing=sizing, units=False, secrets_root=secrets
     )
@@ -87,7 +100,7 @@ def _local_plan(
     if not dry:
         if real is not None:
             raise real
-        return plan, plan, None
+        return plan, plan, None, facts
     shown = plan
     if card and (facts.gpus.state != "ok" or select(entries, facts) is None):
         # a preview of the card's recipe on a machine without that card
@@ -102,7 +115,7 @@ def _local_plan(
         raise UsageError(refusal)
     if shown.blocking(True) or not shown.instances:
         raise Refused(f"{shown.recipe.model.hf_repo} on {shown.recipe.card.id}", shown.failed())
-    return shown, plan, real
+    return shown, plan, real, facts
 
 
 def _print_dry_run(
@@ -178,7 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tensorless_deploy.local.run import container_argv, pull_image, run_foreground
 
     bundle = from_bundle(args)
-    plan, real, refusal = _local_plan(args, args.dry_run, bundle)
+    plan, real, refusal, facts = _local_plan(args, args.dry_run, bundle)
     assert plan.recipe is not None and plan.engine_bin is not None
     spec = plan.instances[0].spec
     if args.dry_run:
@@ -190,7 +203,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if bundle is not None:
         _from_bundle(bundle, plan.engine_bin, plan.options.models_dir)
     else:
-        pull_image(plan.engine_bin, r.engine.image)
+        # the survey listed the engine's images: asked again only where it could not say
+        held = facts.tool.has_image(spec.engine, r.engine.image) if facts.tool else None
+        pull_image(plan.engine_bin, r.engine.image, present=held)
         _fetch(r, plan.options.models_dir, quiet=bool(args.json))
     if not spec.tuning.tuned:
         print(untuned_line(spec.tuning.reasons), file=sys.stderr)
@@ -213,7 +228,8 @@ def _fetch(recipe: Recipe, cache: str, *, quiet: bool = False) -> tuple[Any, int
     from tensorless_deploy.local.fetch import fetch_model
 
     bar = Bar(recipe.model.file, recipe.model.size_bytes, quiet=quiet)
-    got = fetch_model(recipe, cache, token=token(), progress=bar)
+    # the token is looked up only when a download starts (not for a model verified earlier)
+    got = fetch_model(recipe, cache, token=token, progress=bar)
     word = {
         "downloaded": f"downloaded {got.downloaded} bytes",
         "hashed": "already in the cache, hashed now",

@@ -34,7 +34,7 @@ from tensorless_deploy.launch.spec import (
 )
 from tensorless_deploy.local.fetch import LocalError
 
-HEALTH_POLL_S = 0.1
+HEALTH_POLL_S = 0.05  # /health asked this often while the server starts (a local request)
 
 
 def engine_bin(engine: str) -> str:
@@ -49,11 +49,14 @@ def image_present(engine: str, image: str) -> bool:
     return subprocess.run([engine, *check], capture_output=True, timeout=60).returncode == 0
 
 
-def pull_image(engine: str, image: str) -> bool:
+def pull_image(engine: str, image: str, *, present: bool | None = None) -> bool:
     """Pull by digest (the engine prints its own progress); False when it was already here.
+    present: whether the survey saw the engine hold it (None: not known, the engine is asked).
     Everything the engine prints goes to stderr: podman ends a pull with the image ID on
     stdout, which would land ahead of a command's --json."""
-    if image_present(engine, image):
+    if present is None:
+        present = image_present(engine, image)
+    if present:
         return False
     sys.stderr.flush()
     proc = subprocess.run([engine, "pull", image], stdout=2, timeout=3600)  # fd 2: stderr
