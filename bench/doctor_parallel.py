@@ -9,8 +9,10 @@ same command and the same catalog, so the ratio is N hosts at once against the s
 alone (a parallel survey cannot beat its slowest host) and against their median. Uses the real
 test hosts (docs/test-hosts.md) of TL_SET; skips with a message (exit 0) when BASE/hosts.json is
 missing; its inventories (and the tool's bytecode, cached as an installed wheel has it) live
-in a work folder removed at the end. Other sessions may share the hosts: run it under their
-lock, e.g.
+in a work folder removed at the end. Beside it, interleaved, the survey script alone, timed on
+the hosts (no SSH session, no tool): one host, then all at once, so that what the hosts' own
+probes add when they share this machine's cores is told apart from what the tool adds. Other
+sessions may share the hosts: run it under their lock, e.g.
 
     flock /var/tmp/tensorless-hosts.lock .venv/bin/python bench/doctor_parallel.py \
         [--runs 7] [--hosts 4] [--command status]
@@ -31,9 +33,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tensorless_deploy.facts.survey import all_sections, survey_script  # noqa: E402
 from tests.hosts.benchkit import cached_bytecode, gpu_hosts, work_dir  # noqa: E402
 from tests.hosts.fleet import write_inventory  # noqa: E402
-from tests.hosts.harness import base_dir, load_hosts  # noqa: E402
+from tests.hosts.harness import Host, base_dir, load_hosts, ssh_argv  # noqa: E402
+
+# The survey itself, timed on the host (its shell and probes only, not the SSH session), its
+# output thrown away: how long the hosts take to answer it alone and side by side on this
+# machine, whatever the tool does around it.
+SURVEY = survey_script(all_sections())
+ON_HOST = "a=$(date +%s%N); sh >/dev/null 2>&1; b=$(date +%s%N); echo $(( (b - a) / 1000 )) >&2"
+
+
+def bare_surveys(hosts: list[Host]) -> float:
+    """Seconds until the last of these hosts finished the survey, all started at once."""
+    procs = [
+        subprocess.Popen(
+            [*ssh_argv(h), ON_HOST],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for h in hosts
+    ]
+    took = []
+    for proc in procs:
+        _, err = proc.communicate(SURVEY, timeout=120)
+        took.append(int(err.strip().splitlines()[-1]) / 1e6)
+    return max(took)
 
 
 def wall(command: str, inventory: Path) -> float:
@@ -70,10 +98,14 @@ def main() -> int:
             wall(opts.command, inv)
         one: dict[str, list[float]] = {name: [] for name in alone}
         together: list[float] = []
+        survey_one: list[float] = []
+        survey_all: list[float] = []
         for _ in range(opts.runs):  # interleaved, so drift on a noisy machine hits all alike
             for name, inv in alone.items():
                 one[name].append(wall(opts.command, inv))
             together.append(wall(opts.command, every))
+            survey_one += [bare_surveys([h]) for h in hosts]
+            survey_all.append(bare_surveys(hosts))
     med = statistics.median
     singles = {name: med(v) for name, v in one.items()}
     slowest = max(singles.values())
@@ -86,6 +118,18 @@ def main() -> int:
     print(
         f"ratio {n} hosts / slowest alone {mb / slowest:.2f}x, / median alone "
         f"{mb / med(singles.values()):.2f}x  (1.00x: fully parallel; {n}.00x: one after another)"
+    )
+    s1, sn = med(survey_one), med(survey_all)
+    print(
+        f"the survey alone on the hosts (its shell and probes, no SSH, no tool): one host "
+        f"{s1 * 1000:.0f} ms, {n} at once {sn * 1000:.0f} ms (the last to finish): "
+        f"{sn / s1:.2f}x, {(sn - s1) * 1000:.0f} ms more"
+    )
+    what = "" if opts.command == "doctor" else " (the first of status's reads; its units next)"
+    print(
+        f"  so of the {(mb - med(singles.values())) * 1000:.0f} ms the {n}-host run adds, "
+        f"{(sn - s1) * 1000:.0f} ms are the survey's own probes{what} on hosts sharing this "
+        f"machine's {os.cpu_count()} cores (separate machines do not share them)"
     )
     return 0
 
