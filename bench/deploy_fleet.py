@@ -6,7 +6,10 @@ pass over the same hosts; a fresh deploy to N hosts <= 1.5x the same deploy to o
 and (--push) pushed; no read of the model file after its last byte arrived.
 
 Prints, as medians of --runs interleaved rounds:
-  1. a converged re-run of `deploy` against a bare pyinfra fact run on the same hosts;
+  1. a converged re-run of `deploy` against a bare pyinfra fact run on the same hosts, the
+     same on the first host alone, and the survey the re-run waits for, timed on the hosts
+     themselves (its probes, no SSH, no tool) on one host and on all at once: the part of the
+     N-host figure that is the hosts sharing this machine's cores;
   2. a fresh deploy to 1 host against the same deploy to all N hosts at once, and per phase
      (median over hosts and rounds, 1 host / N hosts): transfer (push: the controller's send;
      pull: the model's download, hashed as it arrives), image (pull, or load of the pushed
@@ -49,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.arrival_watch import Watch, guest_root
 from tests.hosts.benchkit import (
     MODEL_DIR,
+    bare_surveys,
     cached_bytecode,
     drop_images,
     found,
@@ -156,6 +160,7 @@ def main() -> int:
             env["CONTAINERS_REGISTRIES_CONF"] = str(reg)
         catalog = str(write_catalog(work / "recipes", tiny_recipe(hosts_json, TINY_COMMIT)))
         inv = str(write_inventory(work / "inventory.py", gpu))
+        inv_one = str(write_inventory(work / "one.py", gpu[:1]))
         limit_one = ["--limit", gpu[0].name]
         source = ["--recipes", catalog]
         if opts.from_bundle:
@@ -172,7 +177,12 @@ def main() -> int:
         ]
         purge = ["stop", "tiny", "-i", inv, "--recipes", catalog, "--purge"]
         bare = [sys.executable, "-m", "pyinfra", "-y", inv, "fact", "server.Hostname"]
+        bare_one = [sys.executable, "-m", "pyinfra", "-y", inv_one, "fact", "server.Hostname"]
         converged, facts, one, many = [], [], [], []
+        converged_one: list[float] = []
+        facts_one: list[float] = []
+        survey_one: list[float] = []
+        survey_all: list[float] = []
         busy: list[float] = []  # cores this machine kept busy during the N-host run
         phases_one: dict[str, list[float]] = {}
         phases_many: dict[str, list[float]] = {}
@@ -219,6 +229,16 @@ def main() -> int:
                 t0 = time.perf_counter()
                 subprocess.run(bare, check=True, capture_output=True, timeout=120)
                 facts.append(time.perf_counter() - t0)
+                # the same on the first host alone: no host shares this machine with another
+                dt, report = timed([*deploy[:2], inv_one, *deploy[3:]], env)
+                assert all(h["outcome"] == "unchanged" for h in report["hosts"]), report
+                converged_one.append(dt)
+                t0 = time.perf_counter()
+                subprocess.run(bare_one, check=True, capture_output=True, timeout=120)
+                facts_one.append(time.perf_counter() - t0)
+                # the survey a converged re-run waits for, alone on the hosts (no SSH, no tool)
+                survey_one.append(bare_surveys(gpu[:1]))
+                survey_all.append(bare_surveys(gpu))
         finally:  # the bench's unit and model leave every host, on an error too
             cli(*purge, env=env)
     med = statistics.median
@@ -231,6 +251,18 @@ def main() -> int:
     print(f"converged deploy re-run ({n} hosts)   {med(converged):6.2f} s")
     print(f"bare pyinfra fact run ({n} hosts)     {med(facts):6.2f} s")
     print(f"ratio converged/bare                {med(converged) / med(facts):6.2f}x  (<= 1.3x)")
+    print(
+        f"  the same on {gpu[0].name} alone: {med(converged_one):.2f} s against "
+        f"{med(facts_one):.2f} s, {med(converged_one) / med(facts_one):.2f}x"
+    )
+    s1, sn = med(survey_one), med(survey_all)
+    print(
+        f"  the survey alone on the hosts (its probes, no SSH, no tool): {s1 * 1000:.0f} ms on "
+        f"one host, {sn * 1000:.0f} ms for {n} at once ({sn - s1:+.2f} s: the hosts sharing "
+        f"this machine's {os.cpu_count()} cores); what the converged re-run adds to the bare "
+        f"pass on {n} hosts beyond the survey alone on one host: "
+        f"{med(converged) - med(facts) - s1:.2f} s"
+    )
     print(f"fresh deploy ({how}), 1 host        {med(one):6.2f} s")
     print(f"fresh deploy ({how}), {n} hosts       {med(many):6.2f} s")
     print(f"ratio {n} hosts / 1 host              {med(many) / med(one):6.2f}x  (<= 1.5x)")

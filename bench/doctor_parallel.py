@@ -33,35 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tensorless_deploy.facts.survey import all_sections, survey_script  # noqa: E402
-from tests.hosts.benchkit import cached_bytecode, gpu_hosts, work_dir  # noqa: E402
+from tests.hosts.benchkit import bare_surveys, cached_bytecode, gpu_hosts, work_dir  # noqa: E402
 from tests.hosts.fleet import write_inventory  # noqa: E402
-from tests.hosts.harness import Host, base_dir, load_hosts, ssh_argv  # noqa: E402
-
-# The survey itself, timed on the host (its shell and probes only, not the SSH session), its
-# output thrown away: how long the hosts take to answer it alone and side by side on this
-# machine, whatever the tool does around it.
-SURVEY = survey_script(all_sections())
-ON_HOST = "a=$(date +%s%N); sh >/dev/null 2>&1; b=$(date +%s%N); echo $(( (b - a) / 1000 )) >&2"
-
-
-def bare_surveys(hosts: list[Host]) -> float:
-    """Seconds until the last of these hosts finished the survey, all started at once."""
-    procs = [
-        subprocess.Popen(
-            [*ssh_argv(h), ON_HOST],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for h in hosts
-    ]
-    took = []
-    for proc in procs:
-        _, err = proc.communicate(SURVEY, timeout=120)
-        took.append(int(err.strip().splitlines()[-1]) / 1e6)
-    return max(took)
+from tests.hosts.harness import base_dir, load_hosts  # noqa: E402
 
 
 def wall(command: str, inventory: Path) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tests.hosts.harness import Host, apply_profile, current_profile, set_index, ssh_run
+from tests.hosts.harness import Host, apply_profile, current_profile, set_index, ssh_argv, ssh_run
 
 T = TypeVar("T")
 
@@ -27,6 +28,35 @@ _GPU = re.compile(r"gpu([0-9]+)")
 MODEL_DIR = "/var/lib/tensorless/models/models--tensorless-test--tiny-llama-GGUF"
 UNIT = "tensorless-tiny-p100"
 IMAGES = "podman images -q --no-trunc | sort -u"
+
+
+# The survey itself, timed on the host: its shell and probes, not the SSH session, its output
+# thrown away; how long hosts take to answer it alone and side by side on this machine, whatever
+# the tool does around it.
+_ON_HOST = "a=$(date +%s%N); sh >/dev/null 2>&1; b=$(date +%s%N); echo $(( (b - a) / 1000 )) >&2"
+
+
+def bare_surveys(hosts: Sequence[Host]) -> float:
+    """Seconds until the last of these hosts finished the tool's survey script (facts.survey,
+    every section, the default models directory), all started at once over plain ssh."""
+    from tensorless_deploy.facts.survey import all_sections, survey_script
+
+    script = survey_script(all_sections())
+    procs = [
+        subprocess.Popen(
+            [*ssh_argv(h), _ON_HOST],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for h in hosts
+    ]
+    took = []
+    for proc in procs:
+        _, err = proc.communicate(script, timeout=120)
+        took.append(int(err.strip().splitlines()[-1]) / 1e6)
+    return max(took)
 
 
 @contextmanager
