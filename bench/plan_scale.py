@@ -286,8 +286,9 @@ def main() -> None:
             f"{statistics.median(loading):.3f} s; planning {statistics.median(plans):.3f} s; "
             f"JSON output and exit {statistics.median(output):.3f} s (the rest)"
         )
-        verdict = "OK" if statistics.median(plans) < 1.0 else "TOO SLOW"
-        print(f"  planning under 1 s: {verdict}")
+        if a.hosts <= 1000:  # the planning target is the 1,000-host fleet's
+            verdict = "OK" if statistics.median(plans) < 1.0 else "TOO SLOW"
+            print(f"  planning under 1 s: {verdict}")
         print(
             f"  whole command, {a.hosts} hosts (issue 30), medians: {_verdict(runs, a.hosts)}; "
             f"load average {os.getloadavg()[0]:.2f}"

@@ -234,3 +234,46 @@ def test_offline_hosts_with_the_same_settings_share_one_options_and_one_facts(
         offline_hosts(
             select_hosts(load_inventory(str(inventory), False, offline=True), []), Flags()
         )
+
+
+def test_an_inventory_is_compiled_once_and_its_bytecode_kept_for_this_user_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fleet.inventory.compiled keeps an inventory's bytecode in this machine's state: taken
+    only for the same source, the same path and a file only this user can write; an edited
+    inventory is compiled again."""
+    import hashlib
+    import importlib.util
+    import marshal
+
+    from tensorless_deploy.fleet.inventory import compiled
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = str(tmp_path / "inv.py")
+
+    def value(text: str) -> object:
+        names: dict[str, object] = {}
+        exec(compiled(text, path), names)
+        return names["hosts"]
+
+    assert value("hosts = ['a']\n") == ["a"]
+    where = tmp_path / "cache" / "tensorless-deploy" / "inventory"
+    (kept,) = where.iterdir()
+    assert where.stat().st_mode & 0o777 == 0o700 and kept.stat().st_mode & 0o777 == 0o600
+    assert value("hosts = ['a', 'b']\n") == ["a", "b"]  # edited: compiled again, kept instead
+    assert len(list(where.iterdir())) == 1
+
+    # a kept file is what is run: one made for this source but holding other code proves it
+    text = "hosts = ['real']\n"
+    head = importlib.util.MAGIC_NUMBER + hashlib.sha256(text.encode()).digest()
+    kept.write_bytes(head + marshal.dumps(compile("hosts = ['kept']\n", path, "exec")))
+    assert value(text) == ["kept"]
+    # ... unless another user could have written it: then the source is compiled
+    kept.write_bytes(head + marshal.dumps(compile("hosts = ['kept']\n", path, "exec")))
+    kept.chmod(0o620)
+    assert value(text) == ["real"]
+    # ... or it was made for another path (its tracebacks would name another file)
+    other = compile("hosts = ['kept']\n", str(tmp_path / "other.py"), "exec")
+    kept.write_bytes(head + marshal.dumps(other))
+    kept.chmod(0o600)
+    assert value(text) == ["real"]

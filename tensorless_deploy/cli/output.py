@@ -121,9 +121,10 @@ def stream_json(data: Any, stream: TextIO | None = None, chunk: int = 1 << 20) -
     in chunks of about ``chunk`` characters, an iterator's items one at a time, each item through
     json's C encoder (plan --offline --json at 10,000 hosts: 216 MB that is never one string,
     nor a list of 166,000 row dicts). The bytes are json.dumps(data, ensure_ascii=False,
-    separators=(",", ":")) with every iterator as a list, passed through ``safe``; an item that
-    is ``Encoded`` is that text already."""
+    separators=(",", ":")) with every iterator as a list, passed through ``safe`` (once: a
+    GuardedStream does it itself); an item that is ``Encoded`` is that text already."""
     stream = sys.stdout if stream is None else stream
+    guarded = isinstance(stream, GuardedStream)
     parts: list[str] = []
     size = 0
 
@@ -136,16 +137,28 @@ def stream_json(data: Any, stream: TextIO | None = None, chunk: int = 1 << 20) -
 
     def flush() -> None:
         nonlocal size
-        stream.write(safe("".join(parts)))
+        text = "".join(parts)
+        stream.write(text if guarded else safe(text))
         parts.clear()
         size = 0
 
+    def items(value: Iterator[Any]) -> None:
+        nonlocal size
+        put("[")
+        comma = ""
+        for item in value:
+            text = item if isinstance(item, Encoded) else _compact(item)
+            parts.append(comma)
+            parts.append(text)
+            comma = ","
+            size += len(text) + 1
+            if size >= chunk:
+                flush()
+        put("]")
+
     def encode(value: Any) -> None:
         if isinstance(value, Iterator):
-            put("[")
-            for n, item in enumerate(value):
-                put(("," if n else "") + (item if isinstance(item, Encoded) else _compact(item)))
-            put("]")
+            items(value)
         elif isinstance(value, dict) and all(isinstance(k, str) for k in value):
             put("{")
             for n, (key, item) in enumerate(value.items()):

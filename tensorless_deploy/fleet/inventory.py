@@ -161,7 +161,7 @@ def _offline_attrs(path: str) -> dict[str, Any] | None:
         return None
     attrs: dict[str, Any] = {"__file__": path}
     try:
-        code = compile(Path(path).read_text(encoding="utf-8"), path, "exec")
+        code = compiled(Path(path).read_text(encoding="utf-8"), path)
         exec(code, attrs)
     except (Exception, SystemExit):
         return None
@@ -170,6 +170,49 @@ def _offline_attrs(path: str) -> dict[str, Any] | None:
     if problem:
         raise InventoryError(problem)
     return attrs
+
+
+def compiled(text: str, path: str) -> types.CodeType:
+    """compile(text, path, "exec"), its bytecode kept as Python keeps a module's: an inventory
+    of 10,000 hosts is 3 MB of source that takes 0.5 s to compile and 10 ms to load compiled.
+    One file per inventory path in this machine's state (hub.controller_state_dir()/inventory,
+    0700), taken only when it names this source's sha256 and this interpreter's bytecode magic,
+    and when this user alone can write it; written to a temporary name and renamed. A cache
+    that cannot be read or written is passed by: the source is compiled."""
+    import hashlib
+    import importlib.util
+    import marshal
+    import os
+    import stat
+
+    from tensorless_deploy.hub import controller_state_dir
+
+    data = text.encode("utf-8")
+    head = importlib.util.MAGIC_NUMBER + hashlib.sha256(data).digest()
+    where = Path(controller_state_dir()) / "inventory"
+    cached = where / (hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest() + ".pyc")
+    try:
+        info = cached.stat()
+        mine = info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if mine and stat.S_ISREG(info.st_mode):
+            blob = cached.read_bytes()
+            if blob.startswith(head):
+                code = marshal.loads(blob[len(head) :])
+                if isinstance(code, types.CodeType) and code.co_filename == path:
+                    return code
+    except (OSError, ValueError, EOFError, TypeError):
+        pass
+    code = compile(text, path, "exec")
+    try:
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(head + marshal.dumps(code))
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return code
 
 
 def _is_pyinfra_group(key: str, value: Any) -> bool:

@@ -375,6 +375,25 @@ def _rank_key(p: Placement) -> tuple[int, int, str, int]:
     return (-(p.max_context_tokens or 0), -free, p.host, p.gpu.index if p.gpu else -1)
 
 
+def _best(rows: Sequence[Placement]) -> Placement | None:
+    """min(passing rows, key=_rank_key), the rank's memory terms computed once per distinct row
+    (a renamed row ranks as its origin but for its host: Placement.origin)."""
+    best: Placement | None = None
+    best_key: tuple[int, int, str, int] | None = None
+    terms: dict[int, tuple[int, int]] = {}
+    for r in rows:
+        if r.error_code is not None:
+            continue
+        origin = r.origin or r
+        head = terms.get(id(origin))
+        if head is None:
+            head = terms[id(origin)] = _rank_key(origin)[:2]
+        key = (*head, r.host, r.gpu.index if r.gpu else -1)
+        if best_key is None or key < best_key:
+            best, best_key = r, key
+    return best
+
+
 def plan_model(
     model: str,
     entries: Sequence[Entry],
@@ -385,7 +404,7 @@ def plan_model(
     """The preview of one model (all its cards' recipes) over every host."""
     rc = _Recipes(entries, headers, options)
     rows = [r for h in hosts for r in _host_rows(model, h, rc)]
-    best = min((r for r in rows if r.ok), key=_rank_key, default=None)
+    best = _best(rows)
     used = {header_key(e.recipe) for e in entries}
     ceilings: list[tuple[str, str, Ceiling]] = []
     for e in entries:
@@ -560,12 +579,15 @@ def placements_text(mp: ModelPlan, compact: Callable[[Any], str]) -> Iterator[st
     in, so a fleet of identical machines encodes each distinct row once (bench/plan_scale.py)."""
     made: dict[tuple[int, bool], tuple[str, str] | None] = {}
     names: dict[str, str] = {}  # each host's name as compact escapes it (no quotes)
+    best = mp.best
     for p in mp.placements:
-        alternative = mp.alternative(p)
-        key = (id(p.origin or p), alternative)
-        if key not in made:
-            made[key] = _template(p.origin or p, alternative, compact)
-        template = made[key]
+        alternative = p.error_code is None and p is not best  # mp.alternative(p)
+        origin = p.origin or p
+        key = (id(origin), alternative)
+        if key in made:
+            template = made[key]
+        else:
+            template = made[key] = _template(origin, alternative, compact)
         if template is None:
             yield compact(placement_json(p, alternative))
         else:
