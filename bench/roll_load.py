@@ -18,7 +18,8 @@ Usage (needs hosts that serve on addresses this machine reaches):
   .venv/bin/python bench/roll_load.py --test-hosts [--door]  (root; TL_SET=N for a host set)
       the tiny recipe on gpu1 (two P100 stand-ins) and gpu2 (one): three instances on two
       hosts, bound where this machine reaches them, then the load while `deploy --serial 1`
-      rolls a changed recipe (another context) over all three; the hosts are reset after.
+      rolls a changed recipe (another context) over all three; the hosts are reset after
+      (units, door, models) and put back as found (profile, images), the work folder removed.
       --door: `gateway --on gpu1` before them (HAProxy from gpu1's packages, its own key),
       and the load during the roll goes through the door (one URL, the model named in each
       request), deploy draining each instance there; the baseline stays straight to one.
@@ -156,26 +157,44 @@ def line(name: str, t: Tally) -> str:
 
 def on_test_hosts(requests: int, concurrency: int, as_json: bool, door: bool = False) -> int:
     """The roll of three instances on two test hosts under the load (see the usage above)."""
-    import os
-    import tempfile
+    from contextlib import ExitStack
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(root))
-    from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
-    from tests.hosts.harness import apply_profile, base_dir, load_hosts, load_hosts_json
-    from tests.hosts.hf_server import HFServer
-    from tests.hosts.plugin import TINY_COMMIT
+    from tests.hosts.harness import base_dir, load_hosts_json
 
     if not (base_dir() / "hosts.json").exists():
         print("bench: no test hosts (run tests/hosts/setup.sh first); skipped")
         return 0
-    hosts_json = load_hosts_json()
+    with ExitStack() as stack:
+        return _on_test_hosts(stack, requests, concurrency, as_json, door, load_hosts_json())
+
+
+def _on_test_hosts(
+    stack: Any, requests: int, concurrency: int, as_json: bool, door: bool, hosts_json: Any
+) -> int:
+    """on_test_hosts within stack: its work folder removed and the hosts reset, then put back
+    as found (profile, images), on every way out."""
+    import os
+    from pathlib import Path
+
+    from tests.hosts.benchkit import found, restore, work_dir
+    from tests.hosts.fleet import TINY_REPO, cli, tiny_recipe, write_catalog, write_inventory
+    from tests.hosts.harness import apply_profile, base_dir, load_hosts, reset_host
+    from tests.hosts.hf_server import HFServer
+    from tests.hosts.plugin import TINY_COMMIT
+
     hosts = load_hosts()
     gpu1, gpu2 = hosts["gpu1"], hosts["gpu2"]
+    before = found([gpu1, gpu2])
+    image = hosts_json["image"]["ref"]
+    stack.callback(restore, [gpu1, gpu2], before, image)  # last: profiles and images as found
+    # first: the units, the door, its files, the models the roll made (a reset keeps images)
+    stack.callback(lambda: [reset_host(h) for h in (gpu1, gpu2)])
+    work = stack.enter_context(work_dir("roll-load-", base_dir()))
     apply_profile(gpu1, "p100x2")
     apply_profile(gpu2, "p100")
-    work = Path(tempfile.mkdtemp(prefix="roll-load-", dir=base_dir()))
     opened = {"tensorless_bind": "0.0.0.0", "tensorless_insecure_open": True}
     inv = write_inventory(
         work / "inventory.py", [gpu1, gpu2], data={gpu1.name: opened, gpu2.name: opened}
@@ -218,12 +237,6 @@ def on_test_hosts(requests: int, concurrency: int, as_json: bool, door: bool = F
             return run(urls, requests, concurrency, key, command, as_json, direct, model)
         finally:
             cli("stop", "-i", str(inv), "tiny", "--recipes", str(catalog), env=env)
-            apply_profile(gpu1, hosts_json_profile(hosts_json, "gpu1"))
-            apply_profile(gpu2, hosts_json_profile(hosts_json, "gpu2"))
-
-
-def hosts_json_profile(hosts_json: dict[str, Any], name: str) -> str:
-    return str(next(h for h in hosts_json["hosts"] if h["name"] == name)["default_profile"])
 
 
 def main(argv: list[str] | None = None) -> int:
