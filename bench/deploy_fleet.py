@@ -178,6 +178,7 @@ def main() -> int:
             *source,
             *(["--transfer", "push"] if opts.push else []),
         ]
+        deploy_one = [deploy[0], "-i", inv_one, *deploy[3:]]  # the first host alone
         purge = ["stop", "tiny", "-i", inv, "--recipes", catalog, "--purge"]
         bare = [sys.executable, "-m", "pyinfra", "-y", inv, "fact", "server.Hostname"]
         bare_one = [sys.executable, "-m", "pyinfra", "-y", inv_one, "fact", "server.Hostname"]
@@ -234,7 +235,7 @@ def main() -> int:
                     subprocess.run(bare, check=True, capture_output=True, timeout=120)
                     facts.append(time.perf_counter() - t0)
                     # the same on the first host alone: no host shares this machine with another
-                    dt, report = timed([*deploy[:2], inv_one, *deploy[3:]], env)
+                    dt, report = timed(deploy_one, env)
                     assert all(h["outcome"] == "unchanged" for h in report["hosts"]), report
                     converged_one.append(dt)
                     t0 = time.perf_counter()

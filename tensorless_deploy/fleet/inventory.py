@@ -203,15 +203,15 @@ def compiled(text: str, path: str) -> types.CodeType:
     except (OSError, ValueError, EOFError, TypeError):
         pass
     code = compile(text, path, "exec")
+    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
     try:
         where.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(head + marshal.dumps(code))
         os.replace(tmp, cached)
     except OSError:
-        pass
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written file left behind
     return code
 
 

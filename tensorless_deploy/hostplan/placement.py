@@ -370,14 +370,16 @@ def _gpu_row(
     return refuse(NO_VALID_PLACEMENT, fit.why)
 
 
-def _rank_key(p: Placement) -> tuple[int, int, str, int]:
+def _rank_memory(p: Placement) -> tuple[int, int]:
+    """A row's rank by memory: the largest max context first, then the most free memory."""
     free = p.card_memory.free if p.card_memory else 0
-    return (-(p.max_context_tokens or 0), -free, p.host, p.gpu.index if p.gpu else -1)
+    return (-(p.max_context_tokens or 0), -free)
 
 
 def _best(rows: Sequence[Placement]) -> Placement | None:
-    """min(passing rows, key=_rank_key), the rank's memory terms computed once per distinct row
-    (a renamed row ranks as its origin but for its host: Placement.origin)."""
+    """The passing row ranked first: by memory (_rank_memory), ties by host name, then GPU
+    index; the memory terms computed once per distinct row (a renamed row ranks as its origin
+    but for its host: Placement.origin)."""
     best: Placement | None = None
     best_key: tuple[int, int, str, int] | None = None
     terms: dict[int, tuple[int, int]] = {}
@@ -387,7 +389,7 @@ def _best(rows: Sequence[Placement]) -> Placement | None:
         origin = r.origin or r
         head = terms.get(id(origin))
         if head is None:
-            head = terms[id(origin)] = _rank_key(origin)[:2]
+            head = terms[id(origin)] = _rank_memory(origin)
         key = (*head, r.host, r.gpu.index if r.gpu else -1)
         if best_key is None or key < best_key:
             best, best_key = r, key
