@@ -126,6 +126,10 @@ class HFServer:
         self.counters: dict[str, PathCounters] = {}
         self.log: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        # bumped by reset_stats: a request counts only into the epoch it started in, so the last
+        # chunk of a request answered before a reset (its client gone, the count not yet taken:
+        # a CI run saw one 64 KiB chunk land after the reset) never counts after it
+        self.epoch = 0
         self._stop = threading.Event()
         self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
         self._httpd.daemon_threads = True
@@ -273,11 +277,14 @@ class HFServer:
 
     def reset_stats(self) -> None:
         with self._lock:
+            self.epoch += 1
             self.counters.clear()
             self.log.clear()
 
-    def _count(self, key: str, **kw: Any) -> None:
+    def _count(self, key: str, epoch: int, **kw: Any) -> None:
         with self._lock:
+            if epoch != self.epoch:
+                return
             c = self.counters.setdefault(key, PathCounters())
             for k, v in kw.items():
                 if k in ("ranges", "statuses", "auth_seen"):
@@ -315,8 +322,13 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._handle()
 
+        def _count(self, key: str, **kw: Any) -> None:
+            server._count(key, self.epoch, **kw)
+
         def _record(self, status: int, key: str | None, nbytes: int = 0) -> None:
             with server._lock:
+                if self.epoch != server.epoch:
+                    return
                 server.log.append(
                     {
                         "t": time.time(),
@@ -331,6 +343,8 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
                 )
 
         def _handle(self) -> None:
+            with server._lock:
+                self.epoch = server.epoch
             try:
                 self._dispatch()
             except (BrokenPipeError, ConnectionResetError):
@@ -352,7 +366,7 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
             fname = urllib.parse.unquote(m.group("path"))
             key = _file_key(repo_id, fname)
             auth = self.headers.get("Authorization")
-            server._count(
+            self._count(
                 key, **{"head" if self.command == "HEAD" else "get": 1}, auth_seen=auth is not None
             )
             fault = server._take_fault(key, self.command, self.client_address[0])
@@ -384,12 +398,12 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
                 if kind == "short"
                 else (HTML_BODY, "text/html; charset=utf-8")
             )
-            server._count(key, statuses=200, bodies=1, bytes_sent=len(body))
+            self._count(key, statuses=200, bodies=1, bytes_sent=len(body))
             self._record(200, key, len(body))
             self._send(200, {"Content-Type": ctype}, body)
 
         def _fail(self, key: str, status: int, code: str | None, message: str) -> None:
-            server._count(key, statuses=status)
+            self._count(key, statuses=status)
             self._record(status, key)
             self._error(status, code, message)
 
@@ -408,7 +422,7 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
             status = 200
             rng = self.headers.get("Range")
             if rng is not None:
-                server._count(key, ranges=rng)
+                self._count(key, ranges=rng)
                 m = re.fullmatch(r"bytes=(\d*)-(\d*)", rng.strip())
                 if m and (m.group(1) or m.group(2)):
                     if m.group(1):
@@ -418,14 +432,14 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
                         start, end = max(0, size - int(m.group(2))), size - 1
                     if start >= size or start > end:
                         headers["Content-Range"] = f"bytes */{size}"
-                        server._count(key, statuses=416)
+                        self._count(key, statuses=416)
                         self._record(416, key)
                         self._send(416, headers)
                         return
                     status = 206
                     headers["Content-Range"] = f"bytes {start}-{end}/{size}"
             length = end - start + 1
-            server._count(key, statuses=status)
+            self._count(key, statuses=status)
             self.send_response(status)
             for k, v in headers.items():
                 self.send_header(k, v)
@@ -437,7 +451,7 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
             body = rf.data[start : end + 1]
             if fault and fault.kind == "corrupt":
                 body = bytes(b ^ 0x5A for b in body)
-            server._count(key, bodies=1)
+            self._count(key, bodies=1)
             sent = 0
             limit = fault.after_bytes if fault and fault.kind in ("drop", "stall") else None
             try:
@@ -446,7 +460,7 @@ def _make_handler(server: HFServer) -> type[BaseHTTPRequestHandler]:
                     chunk = body[sent : sent + n]
                     self.wfile.write(chunk)
                     sent += len(chunk)
-                    server._count(key, bytes_sent=len(chunk))
+                    self._count(key, bytes_sent=len(chunk))
                     if limit is not None and sent >= limit and fault is not None:
                         if fault.kind == "drop":
                             self.wfile.flush()
