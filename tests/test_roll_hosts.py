@@ -136,7 +136,9 @@ class Poller(threading.Thread):
                 time.sleep(0.2)
 
     def within(self, start: float, end: float) -> list[bool]:
-        return [ok for t0, t1, ok in self.seen if t0 >= start and t1 <= end]
+        """Every request that overlapped [start, end] (one wholly inside a short window may be
+        none at all on a loaded machine: a CI run saw that)."""
+        return [ok for t0, t1, ok in self.seen if t1 >= start and t0 <= end]
 
     def failed_between(self) -> tuple[float, float]:
         bad = [(t0, t1) for t0, t1, ok in self.seen if not ok]
