@@ -302,8 +302,8 @@ def listeners() -> Iterator[list[socket.socket]]:
 def _bind_fails(address: str, port: int) -> bool:
     """Try the bind; "::" means IPv6 only, "*" the dual-stack wildcard. With SO_REUSEADDR, as
     servers set it: then only a listener blocks the bind (what the verdict is about), not another
-    program's connection that happens to use the same local port (a CI run saw one, on 127.0.0.1,
-    while the test hosts booted beside the unit tests)."""
+    program's connection that happens to use the same local port (a CI run's bind of 127.0.0.1
+    failed with no IPv4 listener on the port, most likely so, while the test hosts booted)."""
     family = socket.AF_INET6 if ":" in address or address == "*" else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
